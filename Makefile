@@ -1,0 +1,35 @@
+# Tandem: `make run` (install, fetch the default model, generate) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PROMPT ?= Explain in two sentences why the sky is blue.
+
+.PHONY: install run fetch test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+fetch: install
+	$(BIN)/tandem model fetch
+
+run: fetch
+	$(BIN)/tandem generate --chat "$(PROMPT)" --max-tokens 96
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+bench: fetch
+	$(BIN)/tandem bench offline --concurrency 1,32 --repeats 3 --json bench-results/offline.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Benchmarks: offline engine throughput, speculation sweeps, tool workloads, and an HTTP load generator."""

@@ -1,0 +1,59 @@
+"""Helpers shared by benchmarks: machine facts, percentiles, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def memory_bandwidth_gbs(mb: int = 256, repeats: int = 5) -> float:
+    """Read bandwidth of this machine (a large tensor sum), median of `repeats`: the roofline's denominator."""
+    import torch
+
+    x = torch.ones(mb * 2**20 // 4, dtype=torch.float32)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t)
+    return x.numel() * 4 / statistics.median(times) / 1e9
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    from tandem.runner.device import cpu_has_fast_bf16
+
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "fast_bf16": cpu_has_fast_bf16()}
+
+
+def write_json(path: str | Path | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=2, default=str))

@@ -1,0 +1,81 @@
+"""`tandem bench offline`: engine throughput on a prompt set at fixed concurrencies, no HTTP.
+
+For each concurrency C, C requests (cycling through the prompt set, chat template applied, greedy,
+`ignore_eos` so every request produces its `max_tokens`) are submitted at once; we report output
+tokens/s over the whole run, the median decode-only step time, and that step time against the
+memory roofline: (weight bytes + KV bytes read per step) / measured read bandwidth. Repeats run
+interleaved across concurrencies and the median is reported.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tandem.bench.common import machine_info, median, memory_bandwidth_gbs, peak_rss_mb, write_json
+from tandem.sampling_params import SamplingParams
+from tandem.workload.prompts import load_prompt_set
+
+
+def run_once(llm, prompts: list[list[int]], max_tokens: list[int]) -> dict[str, Any]:
+    eng = llm.engine
+    for ids, mt in zip(prompts, max_tokens):
+        eng.add_request(prompt_token_ids=ids, params=SamplingParams(max_tokens=mt, temperature=0.0, ignore_eos=True))
+    decode_steps, ctx_tokens = [], []
+    n_out, t0 = 0, time.perf_counter()
+    while eng.has_unfinished_requests():
+        outs = eng.step()
+        n_out += sum(len(o.delta_token_ids) for o in outs)
+        info = eng.last_step
+        if info is not None and info.decode_only and info.num_seqs == len(prompts):
+            decode_steps.append(info.duration_s)
+            ctx_tokens.append(sum(r.num_computed_tokens for r in eng.scheduler.running))
+    wall = time.perf_counter() - t0
+    return {"output_tokens": n_out, "wall_s": wall, "output_tok_s": n_out / wall,
+            "decode_step_ms": 1e3 * median(decode_steps) if decode_steps else None,
+            "mean_context_tokens": sum(ctx_tokens) / len(ctx_tokens) if ctx_tokens else None}
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights a decode step reads: every linear layer once (the embedding is a gather)."""
+    arch, elt = model.cfg, model.embed.element_size()
+    per_layer = (arch.q_size + 2 * arch.kv_size) * arch.hidden_size + arch.q_size * arch.hidden_size \
+        + 3 * arch.intermediate_size * arch.hidden_size
+    return elt * (arch.num_layers * per_layer + arch.vocab_size * arch.hidden_size)
+
+
+def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str | None = None,
+                  max_tokens: int | None = None, json_path: str | None = None, log=print) -> dict[str, Any]:
+    items = load_prompt_set(dataset)
+    tok = llm.tokenizer
+    encoded = [tok.apply_chat_template(p.messages) for p in items]
+    caps = [max_tokens or p.max_tokens for p in items]
+    model = llm.engine.executor.model
+    arch = model.cfg
+    kv_bytes_per_token = 2 * arch.num_layers * arch.kv_size * model.embed.element_size()
+    bw = memory_bandwidth_gbs()
+    wbytes = weight_bytes(model)
+    log(f"memory read bandwidth {bw:.1f} GB/s; weights read per step {wbytes / 1e6:.0f} MB")
+    run_once(llm, encoded[:1], [8])      # warm-up
+    results: dict[int, list[dict]] = {c: [] for c in concurrencies}
+    for r in range(repeats):
+        for c in concurrencies:
+            idx = [i % len(items) for i in range(c)]
+            res = run_once(llm, [encoded[i] for i in idx], [caps[i] for i in idx])
+            results[c].append(res)
+            log(f"  repeat {r + 1}/{repeats} C={c}: {res['output_tok_s']:.1f} tok/s, "
+                f"decode step {res['decode_step_ms'] or float('nan'):.1f} ms")
+    summary = []
+    for c in concurrencies:
+        runs = results[c]
+        step_ms = median([x["decode_step_ms"] for x in runs if x["decode_step_ms"]])
+        ctx = median([x["mean_context_tokens"] for x in runs if x["mean_context_tokens"]]) or 0
+        roofline_ms = (wbytes + ctx * kv_bytes_per_token) / (bw * 1e9) * 1e3
+        summary.append({"concurrency": c, "output_tok_s": median([x["output_tok_s"] for x in runs]),
+                        "decode_step_ms": step_ms, "roofline_step_ms": roofline_ms,
+                        "roofline_fraction": roofline_ms / step_ms if step_ms else None, "runs": runs})
+    data = {"bench": "offline", "dataset": dataset or "prompts", "dtype": str(model.dtype),
+            "machine": machine_info(), "bandwidth_gbs": bw, "weight_bytes": wbytes,
+            "peak_rss_mb": peak_rss_mb(), "results": summary}
+    write_json(json_path, data)
+    return data

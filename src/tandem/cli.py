@@ -1,0 +1,124 @@
+"""`tandem`: command-line entry point.
+
+    tandem generate "prompt" [--chat] [--max-tokens N] [--temperature T] [--model PATH]
+    tandem model fetch [--model PATH]
+    tandem bench offline [--concurrency 1,32] [--repeats 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from tandem.errors import TandemError
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 (auto: bf16 where fast)")
+    g.add_argument("--device", default="auto")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=512)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def _make_llm(a: argparse.Namespace, **overrides):
+    from tandem.llm import LLM
+
+    kw = dict(model=a.model, dtype=a.dtype, device=a.device, max_model_len=a.max_model_len,
+              max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
+              kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
+              seed=a.seed)
+    kw.update(overrides)
+    return LLM(**kw)
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from tandem.sampling_params import SamplingParams
+
+    llm = _make_llm(a)
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.sample_seed)
+    if a.chat:
+        out = llm.chat([{"role": "user", "content": a.prompt}], params)[0]
+    else:
+        out = llm.generate(a.prompt, params)[0]
+    print(out.text)
+    m = out.metrics
+    print(f"[{len(out.token_ids)} tokens, finish={out.finish_reason}, ttft={m.ttft:.3f}s, total={m.e2e_latency:.3f}s]",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_model_fetch(a: argparse.Namespace) -> int:
+    from tandem.models.fetch import resolve_model
+
+    print(resolve_model(a.model, progress=True))
+    return 0
+
+
+def cmd_bench_offline(a: argparse.Namespace) -> int:
+    from tandem.bench.offline import bench_offline
+
+    conc = [int(x) for x in a.concurrency.split(",")]
+    llm = _make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]))
+    data = bench_offline(llm, conc, repeats=a.repeats, dataset=a.dataset, max_tokens=a.max_tokens, json_path=a.json)
+    print(f"\n{'C':>4} {'tok/s':>8} {'step ms':>8} {'roofline ms':>12} {'fraction':>9}")
+    for r in data["results"]:
+        print(f"{r['concurrency']:>4} {r['output_tok_s']:>8.1f} {r['decode_step_ms'] or 0:>8.1f} "
+              f"{r['roofline_step_ms']:>12.1f} {r['roofline_fraction'] or 0:>9.2f}")
+    print(f"peak RSS {data['peak_rss_mb']:.0f} MB, dtype {data['dtype']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text from one prompt")
+    g.add_argument("prompt")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--sample-seed", type=int, default=None)
+    _model_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("model", help="model management")
+    msub = m.add_subparsers(dest="model_command", required=True)
+    f = msub.add_parser("fetch", help="download and convert a model (default: SmolLM2-135M-Instruct)")
+    f.add_argument("--model", default=None)
+    f.set_defaults(func=cmd_model_fetch)
+
+    b = sub.add_parser("bench", help="benchmarks")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    o = bsub.add_parser("offline", help="engine throughput at fixed concurrencies")
+    o.add_argument("--concurrency", default="1,32")
+    o.add_argument("--repeats", type=int, default=3)
+    o.add_argument("--dataset", default=None, help="prompt-set JSONL (default: the bundled shared prompt set)")
+    o.add_argument("--max-tokens", type=int, default=None, help="override each prompt's max_tokens")
+    o.add_argument("--json", default=None, help="write the figures to this JSON file")
+    _model_args(o)
+    o.set_defaults(func=cmd_bench_offline)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.func(args)
+    except TandemError as e:
+        print(f"tandem: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

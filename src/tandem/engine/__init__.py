@@ -1,0 +1,1 @@
+"""Real-time glue: owns the wall clock, calls the scheduler (policy) and the executor; decides nothing."""

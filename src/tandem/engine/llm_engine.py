@@ -1,0 +1,192 @@
+"""The engine: owns the clock, the tokenizer and the request states; runs the three-line step.
+
+    plan = scheduler.schedule(now)
+    result = executor.execute(plan)
+    updates = scheduler.update(plan, result, now)
+
+Around the step it validates requests on the way in, detokenizes and applies stop strings on the
+way out. Decisions belong to the scheduler; computation to the executor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tandem.engine.detokenizer import IncrementalDetokenizer
+from tandem.engine.executor import Executor
+from tandem.engine.tokenizer import Tokenizer
+from tandem.errors import InvalidRequestError
+from tandem.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from tandem.sampling_params import SamplingParams
+from tandem.sched.scheduler import Scheduler
+from tandem.types import FinishReason, Request, SeqUpdate, TokenLogprob
+
+
+@dataclass
+class _ReqState:
+    request: Request
+    prompt: str | None
+    detok: IncrementalDetokenizer | None
+    logprobs: list[TokenLogprob] | None
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepInfo:
+    """The last step, for benchmarks and metrics."""
+
+    num_seqs: int
+    num_tokens: int
+    decode_only: bool
+    duration_s: float
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    num_preemptions: int
+    num_steps: int
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+
+class LLMEngine:
+    def __init__(self, scheduler: Scheduler, executor: Executor, tokenizer: Tokenizer | None,
+                 vocab_size: int, max_model_len: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.clock = clock
+        self._states: dict[str, _ReqState] = {}
+        self._ids = itertools.count()
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self.last_step: StepInfo | None = None
+
+    # --- requests in -----------------------------------------------------------------------
+    def validate(self, prompt: str | None, prompt_token_ids: list[int] | None,
+                 params: SamplingParams) -> list[int]:
+        """Token ids of a valid request, or InvalidRequestError naming the problem."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling_params must be a SamplingParams", field="sampling_params")
+        if prompt_token_ids is None:
+            if not isinstance(prompt, str):
+                raise InvalidRequestError("prompt must be a string", field="prompt")
+            if self.tokenizer is None:
+                raise InvalidRequestError("this engine has no tokenizer: pass prompt_token_ids", field="prompt")
+            prompt_token_ids = self.tokenizer.encode(prompt) if prompt else []
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise InvalidRequestError("prompt is empty", field="prompt")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})",
+                                      field="prompt_token_ids")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {len(ids)} tokens; the context length is {self.max_model_len} "
+                f"(prompt plus at least one output token must fit)", field="prompt")
+        return ids
+
+    def add_request(self, prompt: str | None = None, params: SamplingParams | None = None, *,
+                    prompt_token_ids: list[int] | None = None, request_id: str | None = None,
+                    arrival_time: float | None = None) -> str:
+        params = params if params is not None else SamplingParams()
+        ids = self.validate(prompt, prompt_token_ids, params)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._states:
+            raise InvalidRequestError(f"duplicate request id {rid!r}", field="request_id")
+        eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else ()
+        request = Request(rid, ids, params, eos_token_ids=eos,
+                          arrival_time=self.clock() if arrival_time is None else arrival_time)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, params) if self.tokenizer is not None else None
+        self._states[rid] = _ReqState(request, prompt, detok, [] if params.logprobs is not None else None)
+        self.scheduler.add_request(request)
+        self.num_prompt_tokens += len(ids)
+        return rid
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        state = self._states.pop(request_id, None)
+        if state is None:
+            return None
+        self.scheduler.abort_request(request_id)
+        state.request.times.finished = self.clock()
+        self.executor.release([request_id])
+        return self._output(state, finished=True, delta_ids=[])
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --- the step --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        start = self.clock()
+        plan = self.scheduler.schedule(start)
+        if plan.is_empty:
+            return []
+        result = self.executor.execute(plan)
+        now = self.clock()
+        updates = self.scheduler.update(plan, result, now)
+        self.last_step = StepInfo(len(plan.seqs), plan.num_tokens, all(s.num_tokens == 1 for s in plan.seqs),
+                                  now - start)
+        outputs, finished = [], []
+        for u in updates:
+            out = self._apply(u, result.logprobs.get(u.request.request_id))
+            outputs.append(out)
+            if out.finished:
+                finished.append(u.request.request_id)
+        if finished:
+            self.executor.release(finished)
+        return outputs
+
+    def _apply(self, u: SeqUpdate, logprobs: list[TokenLogprob] | None) -> RequestOutput:
+        rid = u.request.request_id
+        state = self._states[rid]
+        state.token_ids.extend(u.new_token_ids)
+        self.num_generation_tokens += len(u.new_token_ids)
+        if state.logprobs is not None and logprobs:
+            state.logprobs.extend(logprobs[:len(u.new_token_ids)])
+        finished = u.finished
+        if state.detok is not None and state.detok.add_tokens(u.new_token_ids) and not finished:
+            self.scheduler.finish_request(u.request, FinishReason.STOP)
+            u.request.times.finished = self.clock()
+            finished = True
+        if finished:
+            del self._states[rid]
+        return self._output(state, finished, u.new_token_ids)
+
+    def _output(self, state: _ReqState, finished: bool, delta_ids: list[int]) -> RequestOutput:
+        r = state.request
+        text, delta = "", ""
+        if state.detok is not None:
+            delta = state.detok.delta(finished)
+            text = state.detok.text if finished else state.detok.text[:state.detok.num_emitted]
+        reason = r.finish_reason.value if finished and r.finish_reason is not None else None
+        metrics = RequestMetrics(
+            arrival_time=r.times.arrival, first_scheduled_time=r.times.first_scheduled,
+            first_token_time=r.times.first_token, finished_time=r.times.finished,
+            num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=len(state.token_ids),
+            num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions)
+        completion = CompletionOutput(0, text, list(state.token_ids), reason,
+                                      list(state.logprobs) if state.logprobs is not None else None)
+        return RequestOutput(r.request_id, state.prompt, r.prompt_token_ids, [completion], finished, metrics,
+                             delta_text=delta, delta_token_ids=list(delta_ids))
+
+    def stats(self) -> EngineStats:
+        kv = self.scheduler.kv
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_usage=kv.usage, num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
+            num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps,
+            num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
+            prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens)

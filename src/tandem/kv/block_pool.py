@@ -1,0 +1,96 @@
+"""A fixed pool of KV blocks with reference counts and a prefix cache of full blocks.
+
+Free blocks wait in an LRU queue; a free block may still hold a cached prefix (it keeps its hash)
+until it is handed out again, so a returning prompt can take it back for free. Eviction order is
+least recently freed first; callers free a sequence's tail blocks before its head blocks, because
+heads (system prompts, shared prefixes) are the ones worth keeping.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from tandem.kv.hashing import BlockHash
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self._cached: dict[BlockHash, Block] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def get_new_blocks(self, n: int) -> list[Block]:
+        """Take n free blocks (evicting their cached prefixes). Check `num_free_blocks` first."""
+        if n > len(self._free):
+            raise RuntimeError(f"asked for {n} blocks, {len(self._free)} free")
+        out = []
+        for _ in range(n):
+            _, block = self._free.popitem(last=False)
+            self._uncache(block)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def lookup(self, block_hash: BlockHash) -> Block | None:
+        return self._cached.get(block_hash)
+
+    def touch(self, blocks: list[Block]) -> None:
+        """Add a reference to cached blocks (taking them off the free queue if unreferenced)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self._free[block.block_id]
+            block.ref_cnt += 1
+
+    def free(self, blocks: list[Block]) -> None:
+        """Drop one reference from each block; pass them in eviction order (first evicted first)."""
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"double free of block {block.block_id}")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self._free[block.block_id] = block
+
+    def cache(self, block: Block, block_hash: BlockHash) -> None:
+        """Publish a full, computed block under its chained hash (first writer wins)."""
+        if block.block_hash is not None:
+            return
+        if block_hash in self._cached:
+            return  # an identical block is cached already; this one stays private
+        block.block_hash = block_hash
+        self._cached[block_hash] = block
+
+    def reset_prefix_cache(self) -> None:
+        for block in list(self._cached.values()):
+            block.block_hash = None
+        self._cached.clear()
+
+    def uncache(self, block: Block) -> None:
+        """Withdraw a block from the prefix cache (its content no longer matches its hash)."""
+        self._uncache(block)
+
+    def _uncache(self, block: Block) -> None:
+        if block.block_hash is not None:
+            if self._cached.get(block.block_hash) is block:
+                del self._cached[block.block_hash]
+                self.num_evictions += 1
+            block.block_hash = None

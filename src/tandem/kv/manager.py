@@ -1,0 +1,156 @@
+"""Per-request block tables over a `BlockPool`, with prefix caching (check/act pairs).
+
+The scheduler asks `get_computed_blocks` (prefix-cache hit), then `can_allocate` / `allocate`
+for the tokens it wants to compute; `free` returns a request's blocks. Full blocks whose tokens
+are known are published to the prefix cache as soon as they are allocated: the runner writes a
+step's KV before any attention of that step reads it, so a request admitted in the same step may
+already share them.
+"""
+
+from __future__ import annotations
+
+from tandem.kv.block_pool import Block, BlockPool
+from tandem.kv.hashing import BlockHash, hash_full_blocks
+from tandem.types import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks)
+        self.enable_prefix_caching = enable_prefix_caching
+        self._blocks: dict[str, list[Block]] = {}
+        self._hashes: dict[str, list[BlockHash]] = {}
+        self._num_published: dict[str, int] = {}   # leading blocks already offered to the cache
+        # Counters (prefix-cache effectiveness): tokens asked for vs served from the cache.
+        self.num_query_tokens = 0
+        self.num_hit_tokens = 0
+
+    # --- queries -------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by some request."""
+        return self.pool.num_used_blocks / self.pool.num_blocks
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._blocks.get(request_id, ())]
+
+    def num_blocks_of(self, request_id: str) -> int:
+        return len(self._blocks.get(request_id, ()))
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)
+
+    # --- prefix cache --------------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[Block], int]:
+        """Longest cached prefix of the request, in full blocks; at least one token stays to compute."""
+        if not self.enable_prefix_caching or request.num_computed_tokens > 0:
+            return [], 0
+        hashes = self._hash(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[Block] = []
+        for h in hashes[:max_blocks]:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    # --- check / act ---------------------------------------------------------------------
+    def num_blocks_to_take(self, request: Request, num_new_tokens: int, computed_blocks: list[Block] = ()) -> int:
+        """Free blocks an `allocate` with these arguments would consume."""
+        table = self._blocks.get(request.request_id, ())
+        total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        new_blocks = max(0, self.blocks_needed(total) - len(table) - len(computed_blocks))
+        # Cached blocks nobody references sit in the free queue: taking them uses free capacity.
+        revived = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        return new_blocks + revived
+
+    def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: list[Block] = ()) -> bool:
+        return self.num_blocks_to_take(request, num_new_tokens, computed_blocks) <= self.pool.num_free_blocks
+
+    def allocate(self, request: Request, num_new_tokens: int, computed_blocks: list[Block] = ()) -> None:
+        """Give the request blocks for `num_new_tokens` more tokens after its computed ones.
+
+        `computed_blocks` (a prefix-cache hit from `get_computed_blocks`, for a request that holds no
+        blocks yet) join the table first and count as computed tokens before the new ones; the
+        caller then advances `num_computed_tokens` past them.
+        """
+        if not self.can_allocate(request, num_new_tokens, computed_blocks):
+            raise RuntimeError(f"not enough free KV blocks for request {request.request_id}")
+        table = self._blocks.setdefault(request.request_id, [])
+        if not table:
+            self.num_query_tokens += request.num_tokens
+            self.num_hit_tokens += len(computed_blocks) * self.block_size
+        if computed_blocks:
+            assert not table, "computed blocks join only an empty block table"
+            self.pool.touch(list(computed_blocks))
+            table.extend(computed_blocks)
+        total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        num_new_blocks = self.blocks_needed(total) - len(table)
+        if num_new_blocks > 0:
+            table.extend(self.pool.get_new_blocks(num_new_blocks))
+        self._cache_full_blocks(request, total)
+
+    def free(self, request: Request) -> None:
+        """Release all of the request's blocks (tail first, so shared heads are evicted last)."""
+        table = self._blocks.pop(request.request_id, None)
+        self._hashes.pop(request.request_id, None)
+        self._num_published.pop(request.request_id, None)
+        if table:
+            self.pool.free(list(reversed(table)))
+
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        """Keep only the KV of the first `num_tokens` tokens (speculation rollback).
+
+        Blocks past them are freed; a kept block that is no longer full stops being a cached prefix
+        (its hash named tokens that were rolled back), and will be published again once refilled.
+        """
+        rid = request.request_id
+        table = self._blocks.get(rid)
+        if not table:
+            return
+        keep, full = self.blocks_needed(num_tokens), num_tokens // self.block_size
+        for block in table[full:keep]:
+            self.pool.uncache(block)
+        del self._hashes.setdefault(rid, [])[full:]
+        self._num_published[rid] = min(self._num_published.get(rid, 0), full)
+        if keep < len(table):
+            dropped = table[keep:]
+            del table[keep:]
+            self.pool.free(list(reversed(dropped)))
+
+    def reset_prefix_cache(self) -> None:
+        self.pool.reset_prefix_cache()
+
+    # --- internals -----------------------------------------------------------------------
+    def _hash(self, request: Request) -> list[BlockHash]:
+        known = self._hashes.setdefault(request.request_id, [])
+        return hash_full_blocks(request.token_ids, self.block_size, known)
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        if not self.enable_prefix_caching:
+            return
+        rid = request.request_id
+        table = self._blocks[rid]
+        hashes = hash_full_blocks(request.token_ids, self.block_size,
+                                  self._hashes.setdefault(rid, []), limit_tokens=num_tokens)
+        start = self._num_published.get(rid, 0)
+        end = min(len(hashes), len(table), num_tokens // self.block_size)
+        for i in range(start, end):
+            self.pool.cache(table[i], hashes[i])
+        self._num_published[rid] = max(start, end)

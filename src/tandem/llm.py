@@ -1,0 +1,142 @@
+"""`LLM`: the offline Python API (the vLLM shape).
+
+    llm = LLM()                                        # default model, dtype auto
+    outs = llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0.0))
+    outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].metrics
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Sequence
+
+import torch
+
+from tandem.config import CacheConfig, ModelConfig, SchedulerConfig
+from tandem.engine.llm_engine import LLMEngine
+from tandem.engine.tokenizer import Tokenizer
+from tandem.errors import ConfigError, InvalidRequestError
+from tandem.kv import KVCacheManager
+from tandem.models.fetch import resolve_model
+from tandem.models.loader import load_arch, load_model
+from tandem.outputs import RequestOutput
+from tandem.runner.attention import PagedKVCache
+from tandem.runner.device import resolve_device, resolve_dtype
+from tandem.runner.model_runner import ModelRunner
+from tandem.sampling_params import SamplingParams
+from tandem.sched.scheduler import Scheduler
+
+log = logging.getLogger("tandem")
+
+
+def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig,
+                 progress: bool = True) -> LLMEngine:
+    """Load the model, size the KV cache, and wire scheduler, runner and tokenizer together."""
+    if model_cfg.num_threads:
+        torch.set_num_threads(model_cfg.num_threads)
+    device = resolve_device(model_cfg.device)
+    dtype = resolve_dtype(model_cfg.dtype, device)
+    model_dir = resolve_model(model_cfg.model, progress)
+    arch = load_arch(model_dir)
+    tokenizer = Tokenizer(model_dir)
+    bytes_per_block = PagedKVCache.bytes_per_block(arch.num_layers, cache_cfg.block_size, arch.num_kv_heads,
+                                                   arch.head_dim, dtype)
+    num_blocks = cache_cfg.num_blocks or int(cache_cfg.kv_cache_memory_gb * 2**30 // bytes_per_block)
+    max_len = _max_model_len(model_cfg, arch.max_position_embeddings, arch.sliding_window,
+                             num_blocks * cache_cfg.block_size)
+    model = load_model(model_dir, dtype, device, max_positions=max_len)
+    sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
+    kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
+    runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed)
+    log.info("model %s: %s on %s, %d KV blocks of %d tokens, context %d", model_dir.name, dtype, device,
+             num_blocks, cache_cfg.block_size, max_len)
+    return LLMEngine(Scheduler(sched_cfg, kv), runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len)
+
+
+def _max_model_len(cfg: ModelConfig, model_max: int, window: int | None, kv_tokens: int) -> int:
+    limit = min(model_max, window or model_max)
+    if cfg.max_model_len is not None:
+        if cfg.max_model_len > limit:
+            raise ConfigError(f"max_model_len {cfg.max_model_len} exceeds the model's context {limit}")
+        if cfg.max_model_len > kv_tokens:
+            raise ConfigError(f"max_model_len {cfg.max_model_len} does not fit the KV cache ({kv_tokens} tokens); "
+                              "give more kv_cache_memory_gb")
+        return cfg.max_model_len
+    return min(limit, kv_tokens)
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "auto",
+                 max_model_len: int | None = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
+                 kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None, block_size: int = 16,
+                 enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
+                 num_threads: int | None = None, progress: bool = True) -> None:
+        model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
+                                num_threads=num_threads)
+        cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
+                                num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching)
+        sched_cfg = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                    policy=scheduling_policy)
+        self.engine = build_engine(model_cfg, cache_cfg, sched_cfg, progress)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: str | Sequence[str] | None = None,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 prompt_token_ids: Sequence[Sequence[int]] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+        if prompts is not None and prompt_token_ids is not None:
+            raise InvalidRequestError("give prompts or prompt_token_ids, not both", field="prompts")
+        if prompt_token_ids is not None:
+            items = [(None, list(ids)) for ids in prompt_token_ids]
+        else:
+            if prompts is None:
+                raise InvalidRequestError("no prompts given", field="prompts")
+            items = [(p, None) for p in ([prompts] if isinstance(prompts, str) else prompts)]
+        return self._run(items, sampling_params, use_tqdm)
+
+    def chat(self, messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+             tools: list[dict] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+        if not messages:
+            raise InvalidRequestError("messages must be a non-empty list", field="messages")
+        convs = [messages] if isinstance(messages[0], dict) else list(messages)
+        items = [(None, self.tokenizer.apply_chat_template(c, tools=tools)) for c in convs]
+        return self._run(items, sampling_params, use_tqdm)
+
+    def _run(self, items: list[tuple[str | None, list[int] | None]], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        params = _per_request(sampling_params, len(items))
+        for (prompt, ids), p in zip(items, params):      # validate everything before queueing anything
+            self.engine.validate(prompt, ids, p)
+        order = [self.engine.add_request(prompt, p, prompt_token_ids=ids) for (prompt, ids), p in zip(items, params)]
+        done: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(order), desc="generating", unit="req")
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for rid in order:            # leave the engine usable after an interrupt
+                if rid not in done:
+                    self.engine.abort_request(rid)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [done[rid] for rid in order]
+
+
+def _per_request(sampling_params, n: int) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * n
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    params = list(sampling_params)
+    if len(params) != n:
+        raise InvalidRequestError(f"{len(params)} sampling params for {n} prompts", field="sampling_params")
+    return params

@@ -1,0 +1,1 @@
+"""Model definitions (Llama family, Qwen2/3) and loaders (HF safetensors directories, GGUF files)."""

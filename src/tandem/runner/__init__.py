@@ -1,0 +1,1 @@
+"""Torch lives here: paged KV tensors, attention, input building, sampling, the model runner."""

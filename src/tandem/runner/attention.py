@@ -1,0 +1,118 @@
+"""Paged attention over a block-structured KV cache, in plain PyTorch (any device).
+
+KV layout per layer: `k[kv_head, slot, head_dim]` with slot = block_id * block_size + offset, so
+gathering a sequence's context yields `[kv_head, T, D]` directly in the layout batched matmul
+wants. Each step first writes the new tokens' K/V into their slots, then attends: requests with a
+few query tokens (decodes, speculative verification) go through one padded, batched matmul
+attention; long prefill chunks go one by one through SDPA with a causal mask offset by the
+cached context. A step's KV is written before any of its attention reads it, which is what lets a
+request share prefix blocks that another request fills in the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+# Requests with at most this many query tokens in a step use the batched path.
+MAX_BATCHED_QUERY = 16
+
+
+@dataclass
+class BatchedGroup:
+    """Requests attended together: B requests, up to Lq query tokens each, up to T context tokens."""
+
+    num_seqs: int
+    max_query: int
+    max_context: int
+    gather_slots: torch.Tensor          # [B * T] slots of each request's context, padded with slot 0
+    mask: torch.Tensor                  # [1, B, Lq, 1, T] additive (0 or -inf)
+    pad_index: torch.Tensor | None      # [B * Lq] flat token row of each padded query (None: no padding)
+    unpad_index: torch.Tensor | None    # [Nb] padded query position of each flat token row
+
+
+@dataclass
+class PrefillSeq:
+    q_start: int                        # rows q_start:q_end of the flat batch
+    q_end: int
+    ctx_slots: torch.Tensor             # [T] slots of the whole context (cached + this chunk)
+    mask: torch.Tensor | None           # [q, T] bool (True = attend), None = plain causal
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor          # [N] slot to write each new token's K/V
+    num_batched_tokens: int             # the first rows belong to the batched group
+    batched: BatchedGroup | None = None
+    prefills: list[PrefillSeq] = field(default_factory=list)
+
+
+class PagedKVCache:
+    """The KV tensors of all layers: k[layer] and v[layer] are [num_kv_heads, num_slots, head_dim]."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        shape = (num_kv_heads, num_blocks * block_size, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class AttentionBackend:
+    """Writes a step's K/V into the paged cache and computes attention for every query row."""
+
+    def __init__(self, cache: PagedKVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        self.cache = cache
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.group = num_heads // num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim ** -0.5
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q: [N, H, D], k/v: [N, KV, D] (new tokens) -> [N, H * D]."""
+        kc, vc = self.cache.k[layer], self.cache.v[layer]
+        kc.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+        vc.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        n = q.shape[0]
+        out = q.new_empty(n, self.num_heads * self.head_dim)
+        nb = meta.num_batched_tokens
+        if meta.batched is not None:
+            out[:nb] = self._batched(q[:nb], kc, vc, meta.batched)
+        for p in meta.prefills:
+            out[p.q_start:p.q_end] = self._prefill(q[p.q_start:p.q_end], kc, vc, p)
+        return out
+
+    def _batched(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, g: BatchedGroup) -> torch.Tensor:
+        b, lq, t, kv, grp, d = g.num_seqs, g.max_query, g.max_context, self.num_kv_heads, self.group, self.head_dim
+        if g.pad_index is not None:
+            q = q.index_select(0, g.pad_index)                            # [B * Lq, H, D]
+        # [B, Lq, KV, G, D] -> [KV, B, Lq * G, D]
+        qg = q.view(b, lq, kv, grp, d).permute(2, 0, 1, 3, 4).reshape(kv, b, lq * grp, d)
+        keys = kc.index_select(1, g.gather_slots).view(kv, b, t, d)       # [KV, B, T, D]
+        vals = vc.index_select(1, g.gather_slots).view(kv, b, t, d)
+        scores = torch.matmul(qg, keys.transpose(-1, -2)).mul_(self.scale)  # [KV, B, Lq * G, T]
+        scores = scores.view(kv, b, lq, grp, t).add_(g.mask).view(kv, b, lq * grp, t)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(probs, vals)                                     # [KV, B, Lq * G, D]
+        o = o.view(kv, b, lq, grp, d).permute(1, 2, 0, 3, 4).reshape(b * lq, kv * grp * d)
+        if g.unpad_index is not None:
+            o = o.index_select(0, g.unpad_index)
+        return o
+
+    def _prefill(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: PrefillSeq) -> torch.Tensor:
+        keys = kc.index_select(1, p.ctx_slots).unsqueeze(0)               # [1, KV, T, D]
+        vals = vc.index_select(1, p.ctx_slots).unsqueeze(0)
+        qh = q.transpose(0, 1).unsqueeze(0)                               # [1, H, q, D]
+        o = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=p.mask, is_causal=p.mask is None,
+                                           scale=self.scale, enable_gqa=self.group > 1)
+        return o[0].transpose(0, 1).reshape(q.shape[0], -1)

@@ -1,0 +1,41 @@
+"""Device and dtype choice. `auto` picks what is fast on the hardware at hand."""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.errors import ConfigError
+
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise ConfigError(f"unknown device {name!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' asked for, but CUDA is not available")
+    return dev
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True if this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX); else bf16 is emulated and slow."""
+    cpu = getattr(torch._C, "_cpu", None)
+    if cpu is None:
+        return False
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(cpu, c, lambda: False)() for c in checks)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bf16 on CUDA and on CPUs with native bf16, float32 on other CPUs (where bf16 runs
+    ~7-50x slower than float32 because every product is converted in software)."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32

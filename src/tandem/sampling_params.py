@@ -1,0 +1,60 @@
+"""Sampling parameters of one request (the familiar vLLM / OpenAI shape), validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.errors import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request's output.
+
+    temperature 0 means greedy. `seed` makes a sampled request reproducible regardless of what else
+    is in the batch. `min_tokens` suppresses EOS and `stop_token_ids` until that many tokens exist
+    (vLLM semantics). `stop` strings are matched on the detokenized text and removed from it.
+    `logprobs=n` returns the sampled token's log-probability and the top-n alternatives, computed
+    from the model's raw distribution (before temperature / top-k / top-p).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+               "max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _check(self.temperature >= 0.0, "temperature", f"temperature must be >= 0, got {self.temperature}")
+        _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k == -1 or self.top_k >= 1, "top_k", f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+               f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
+               f"logprobs must be in [0, 20], got {self.logprobs}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               "stop_token_ids must be non-negative integers")
+        _check(self.seed is None or isinstance(self.seed, int), "seed", "seed must be an integer")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message, field=field_name)

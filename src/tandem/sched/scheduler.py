@@ -1,0 +1,196 @@
+"""Token-count scheduling with chunked prefill, continuous batching and preemption by recompute.
+
+Each step (`schedule(now)`): running requests first, in order, each gets the tokens it still lacks
+(one for a decode, a chunk for a prefill) within the step's token budget; if KV blocks run out,
+the lowest-ranked running request is preempted (its blocks freed, recomputed later from its
+tokens, which are never lost). Then waiting requests are admitted in the ordering's order while
+budget, `max_num_seqs` and KV blocks allow, reusing cached prefixes. `update()` appends sampled
+tokens and decides which requests finish (stop token, max_tokens, context length).
+
+This module owns the request state machine. It knows nothing of torch, tokenizers or wall time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+
+from tandem.config import SchedulerConfig
+from tandem.errors import ConfigError
+from tandem.kv import KVCacheManager
+from tandem.sched.budget import StaticBudget, TokenBudget
+from tandem.sched.ordering import Ordering, make_ordering
+from tandem.sched.preemption import choose_victim
+from tandem.types import (FinishReason, Request, RequestStatus, ScheduledSeq, SeqUpdate, StepPlan,
+                          StepResult)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
+                 ordering: Ordering | None = None, budget: TokenBudget | None = None) -> None:
+        if config.max_model_len > kv.num_blocks * kv.block_size:
+            raise ConfigError(f"max_model_len {config.max_model_len} exceeds the KV cache "
+                              f"({kv.num_blocks * kv.block_size} tokens): a long request could never run")
+        self.config = config
+        self.kv = kv
+        self.ordering = ordering or make_ordering(config.policy)
+        self.budget = budget or StaticBudget(config.max_num_batched_tokens)
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []      # kept sorted by the ordering's key
+        self.running: list[Request] = []      # in admission order
+        self._counter = itertools.count()
+        self._watermark_blocks = int(config.watermark * kv.num_blocks)
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self.num_scheduled_tokens = 0     # tokens computed over the scheduler's life (prefill + decode)
+
+    # --- requests in and out ---------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        request.extra.setdefault("_seq", next(self._counter))
+        self.requests[request.request_id] = request
+        self._push_waiting(request, request.arrival_time)
+
+    def abort_request(self, request_id: str) -> Request | None:
+        """Cancel a request wherever it is; returns it (finished with ABORT) or None if unknown."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return None
+        self.finish_request(request, FinishReason.ABORT)
+        return request
+
+    def finish_request(self, request: Request, reason: FinishReason) -> None:
+        if request.is_finished:
+            return
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self.requests[request.request_id]
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # --- the step --------------------------------------------------------------------------
+    def schedule(self, now: float) -> StepPlan:
+        self.num_steps += 1
+        if self.ordering.dynamic:
+            self.waiting.sort(key=lambda r: self.ordering.key(r, now))
+        budget = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks)
+        plan = StepPlan()
+        budget = self._schedule_running(plan, budget, now)
+        if not plan.preempted_ids:
+            self._schedule_waiting(plan, budget, now)
+        return plan
+
+    def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self.kv.can_allocate(request, num_new):
+                victim = choose_victim(self.running[i:], self.ordering, now)
+                self._preempt(victim, plan)
+                if victim is request:
+                    break
+            else:
+                self.kv.allocate(request, num_new)
+                self._add_to_plan(plan, request, num_new)
+                budget -= num_new
+                i += 1
+        return budget
+
+    def _schedule_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_cached = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_cached
+            if num_new > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = budget
+            watermark = self._watermark_blocks if self.running else 0
+            if self.kv.num_blocks_to_take(request, num_new, computed_blocks) + watermark > self.kv.num_free_blocks:
+                break
+            self.waiting.pop(0)
+            self.kv.allocate(request, num_new, computed_blocks)
+            request.num_computed_tokens = num_cached
+            if request.times.first_scheduled is None:
+                request.num_cached_tokens = num_cached
+                request.times.first_scheduled = now
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add_to_plan(plan, request, num_new)
+            budget -= num_new
+
+    def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int) -> None:
+        start = request.num_computed_tokens
+        plan.seqs.append(ScheduledSeq(
+            request_id=request.request_id,
+            token_ids=request.token_ids[start:start + num_new],
+            start=start,
+            block_ids=self.kv.block_ids(request.request_id),
+            sample=start + num_new == request.num_tokens,
+            sampling_params=request.sampling_params,
+            num_output_tokens=request.num_output_tokens,
+            stop_token_ids=request.stop_token_ids,
+        ))
+        request.num_computed_tokens = start + num_new
+        self.num_scheduled_tokens += num_new
+
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.num_preemptions += 1
+        plan.preempted_ids.append(request.request_id)
+        self._push_waiting(request, request.arrival_time)
+
+    def _push_waiting(self, request: Request, now: float) -> None:
+        bisect.insort(self.waiting, request, key=lambda r: self.ordering.key(r, now))
+
+    def update(self, plan: StepPlan, result: StepResult, now: float) -> list[SeqUpdate]:
+        """Append the step's sampled tokens; finish requests that hit a stop condition."""
+        updates = []
+        for seq in plan.seqs:
+            request = self.requests.get(seq.request_id)
+            new_ids = result.sampled_token_ids.get(seq.request_id)
+            if request is None or not new_ids:
+                continue
+            accepted, reason = self._append_tokens(request, new_ids)
+            if request.times.first_token is None:
+                request.times.first_token = now
+            if reason is not None:
+                request.times.finished = now
+                self.finish_request(request, reason)
+            updates.append(SeqUpdate(request, accepted, reason is not None))
+        return updates
+
+    def _append_tokens(self, request: Request, new_ids: list[int]) -> tuple[list[int], FinishReason | None]:
+        params = request.sampling_params
+        for n, token in enumerate(new_ids, 1):
+            num_before = request.num_output_tokens
+            request.token_ids.append(token)
+            if token in request.stop_token_ids and num_before >= params.min_tokens:
+                return new_ids[:n], FinishReason.STOP
+            if request.num_output_tokens >= params.max_tokens or \
+                    request.num_tokens >= self.config.max_model_len:
+                return new_ids[:n], FinishReason.LENGTH
+        return new_ids, None

@@ -1,0 +1,1 @@
+"""Workloads shared by benchmarks and the simulator: prompt sets, datasets, arrivals, tool-call traces."""
