@@ -22,7 +22,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
+    g.add_argument("--kv-cache-memory-gb", type=float, default=0.5)
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--seed", type=int, default=0)
 
@@ -67,10 +67,10 @@ def cmd_bench_offline(a: argparse.Namespace) -> int:
     conc = [int(x) for x in a.concurrency.split(",")]
     llm = _make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]))
     data = bench_offline(llm, conc, repeats=a.repeats, dataset=a.dataset, max_tokens=a.max_tokens, json_path=a.json)
-    print(f"\n{'C':>4} {'tok/s':>8} {'step ms':>8} {'roofline ms':>12} {'fraction':>9}")
+    print(f"\n{'C':>4} {'tok/s':>8} {'step ms':>8} {'roofline ms':>12} {'bound':>8} {'fraction':>9}")
     for r in data["results"]:
         print(f"{r['concurrency']:>4} {r['output_tok_s']:>8.1f} {r['decode_step_ms'] or 0:>8.1f} "
-              f"{r['roofline_step_ms']:>12.1f} {r['roofline_fraction'] or 0:>9.2f}")
+              f"{r['roofline_step_ms']:>12.1f} {r['bound']:>8} {r['roofline_fraction'] or 0:>9.2f}")
     print(f"peak RSS {data['peak_rss_mb']:.0f} MB, dtype {data['dtype']}")
     return 0
 

@@ -32,7 +32,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    kv_cache_memory_gb: float = 1.0     # used when num_blocks is not given
+    kv_cache_memory_gb: float = 0.5     # used when num_blocks is not given
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
 

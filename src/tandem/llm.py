@@ -69,7 +69,7 @@ def _max_model_len(cfg: ModelConfig, model_max: int, window: int | None, kv_toke
 class LLM:
     def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "auto",
                  max_model_len: int | None = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
-                 kv_cache_memory_gb: float = 1.0, num_kv_blocks: int | None = None, block_size: int = 16,
+                 kv_cache_memory_gb: float = 0.5, num_kv_blocks: int | None = None, block_size: int = 16,
                  enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
                  num_threads: int | None = None, progress: bool = True) -> None:
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,

@@ -39,6 +39,21 @@ def memory_bandwidth_gbs(mb: int = 256, repeats: int = 5) -> float:
     return x.numel() * 4 / statistics.median(times) / 1e9
 
 
+def matmul_tflops(n: int = 1536, repeats: int = 5, dtype=None) -> float:
+    """Dense matmul throughput of this machine in the model's dtype: the compute roofline's denominator."""
+    import torch
+
+    dtype = dtype or torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

@@ -2,9 +2,10 @@
 
 For each concurrency C, C requests (cycling through the prompt set, chat template applied, greedy,
 `ignore_eos` so every request produces its `max_tokens`) are submitted at once; we report output
-tokens/s over the whole run, the median decode-only step time, and that step time against the
-memory roofline: (weight bytes + KV bytes read per step) / measured read bandwidth. Repeats run
-interleaved across concurrencies and the median is reported.
+tokens/s over the whole run, the median decode-only step time, and that step time against two
+rooflines: memory, (weight bytes + KV bytes read per step) / measured read bandwidth, and compute,
+(2 x linear-layer parameters x C FLOPs) / measured dense-matmul FLOP/s. The binding one is the
+larger. Repeats run interleaved across concurrencies and the median is reported.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tandem.bench.common import machine_info, median, memory_bandwidth_gbs, peak_rss_mb, write_json
+from tandem.bench.common import (machine_info, matmul_tflops, median, memory_bandwidth_gbs, peak_rss_mb,
+                                 write_json)
 from tandem.sampling_params import SamplingParams
 from tandem.workload.prompts import load_prompt_set
 
@@ -29,7 +31,8 @@ def run_once(llm, prompts: list[list[int]], max_tokens: list[int]) -> dict[str, 
         info = eng.last_step
         if info is not None and info.decode_only and info.num_seqs == len(prompts):
             decode_steps.append(info.duration_s)
-            ctx_tokens.append(sum(r.num_computed_tokens for r in eng.scheduler.running))
+            running = eng.scheduler.running
+            ctx_tokens.append(sum(r.num_computed_tokens for r in running) / max(1, len(running)))
     wall = time.perf_counter() - t0
     return {"output_tokens": n_out, "wall_s": wall, "output_tok_s": n_out / wall,
             "decode_step_ms": 1e3 * median(decode_steps) if decode_steps else None,
@@ -54,8 +57,11 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
     arch = model.cfg
     kv_bytes_per_token = 2 * arch.num_layers * arch.kv_size * model.embed.element_size()
     bw = memory_bandwidth_gbs()
+    tflops = matmul_tflops(dtype=model.dtype)
     wbytes = weight_bytes(model)
-    log(f"memory read bandwidth {bw:.1f} GB/s; weights read per step {wbytes / 1e6:.0f} MB")
+    flops_per_token = 2 * wbytes / model.embed.element_size()
+    log(f"memory read bandwidth {bw:.1f} GB/s, dense matmul {tflops * 1e3:.0f} GFLOP/s; "
+        f"weights read per step {wbytes / 1e6:.0f} MB")
     run_once(llm, encoded[:1], [8])      # warm-up
     results: dict[int, list[dict]] = {c: [] for c in concurrencies}
     for r in range(repeats):
@@ -70,12 +76,15 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
         runs = results[c]
         step_ms = median([x["decode_step_ms"] for x in runs if x["decode_step_ms"]])
         ctx = median([x["mean_context_tokens"] for x in runs if x["mean_context_tokens"]]) or 0
-        roofline_ms = (wbytes + ctx * kv_bytes_per_token) / (bw * 1e9) * 1e3
+        mem_ms = (wbytes + c * ctx * kv_bytes_per_token) / (bw * 1e9) * 1e3
+        compute_ms = c * flops_per_token / (tflops * 1e12) * 1e3
+        roofline_ms = max(mem_ms, compute_ms)
         summary.append({"concurrency": c, "output_tok_s": median([x["output_tok_s"] for x in runs]),
-                        "decode_step_ms": step_ms, "roofline_step_ms": roofline_ms,
+                        "decode_step_ms": step_ms, "memory_roofline_ms": mem_ms, "compute_roofline_ms": compute_ms,
+                        "roofline_step_ms": roofline_ms, "bound": "memory" if mem_ms >= compute_ms else "compute",
                         "roofline_fraction": roofline_ms / step_ms if step_ms else None, "runs": runs})
     data = {"bench": "offline", "dataset": dataset or "prompts", "dtype": str(model.dtype),
-            "machine": machine_info(), "bandwidth_gbs": bw, "weight_bytes": wbytes,
+            "machine": machine_info(), "bandwidth_gbs": bw, "matmul_tflops": tflops, "weight_bytes": wbytes,
             "peak_rss_mb": peak_rss_mb(), "results": summary}
     write_json(json_path, data)
     return data

@@ -1,9 +1,10 @@
 """The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
-Weights are fused for speed (q/k/v in one matmul, gate/up in one matmul). The model sees a flat
-batch of N tokens from many requests; attention is delegated to a paged-attention backend that
-reads and writes the KV cache through the step's `AttentionMetadata`. The model knows nothing of
-requests, scheduling or sampling.
+Weights are fused for speed (q/k/v in one matmul, gate/up in one matmul) and the residual stream
+is updated in place with a fused add + RMSNorm. The model sees a flat batch of N tokens from many
+requests; attention is delegated to a paged-attention backend that reads and writes the KV cache
+through the step's `AttentionMetadata`; small per-layer ops go through `ops` (fused C++ kernels on
+CPU, plain PyTorch elsewhere). The model knows nothing of requests, scheduling or sampling.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import nn
 
 from tandem.models.arch import ArchConfig
 from tandem.runner.attention import AttentionBackend, AttentionMetadata
+from tandem.runner.kernels import TorchOps
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -55,11 +57,6 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ArchConfig, dtype: torch.dtype) -> None:
         super().__init__()
@@ -74,26 +71,26 @@ class DecoderLayer(nn.Module):
         self.gate_up = Linear(2 * cfg.intermediate_size, h, cfg.mlp_bias, dtype)
         self.down = Linear(h, cfg.intermediate_size, cfg.mlp_bias, dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend,
-                meta: AttentionMetadata, layer_idx: int) -> torch.Tensor:
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        n = x.shape[0]                                                    # x: [N, hidden]
-        h = F.rms_norm(x, (cfg.hidden_size,), self.input_norm, eps)
-        qkv = self.qkv(h)                # [N, (H + 2 KV) * D]
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(n, cfg.num_heads, cfg.head_dim)
-        k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(n, cfg.num_kv_heads, cfg.head_dim)
-        if self.q_norm is not None:
-            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps)
-            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)
-        q = q * cos + rotate_half(q) * sin                                # cos/sin: [N, 1, D]
-        k = k * cos + rotate_half(k) * sin
-        o = attn.forward(layer_idx, q, k, v, meta)                        # [N, H * D]
-        x = x + self.o(o)
-        h = F.rms_norm(x, (cfg.hidden_size,), self.post_norm, eps)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+    def attention(self, h: torch.Tensor, rope: tuple, attn: AttentionBackend, meta: AttentionMetadata,
+                  layer_idx: int, ops) -> torch.Tensor:
+        """Self-attention block on normed input h: [N, hidden] -> [N, hidden] (before the residual)."""
+        cfg = self.cfg
+        n, heads, kv = h.shape[0], cfg.num_heads, cfg.num_kv_heads
+        qkv = self.qkv(h).view(n, heads + 2 * kv, cfg.head_dim)          # [N, H + 2 KV, D]
+        cos, sin, positions = rope
+        if self.q_norm is None:
+            ops.rope_(qkv, heads + kv, cos, sin, positions)                # q and k heads, in place
+            q, k = qkv[:, :heads], qkv[:, heads:heads + kv]
+        else:   # Qwen3: per-head RMSNorm of q and k before RoPE
+            q = ops.add_rms_norm(qkv[:, :heads].contiguous(), None, self.q_norm, cfg.rms_norm_eps)
+            k = ops.add_rms_norm(qkv[:, heads:heads + kv].contiguous(), None, self.k_norm, cfg.rms_norm_eps)
+            ops.rope_(q, heads, cos, sin, positions)
+            ops.rope_(k, kv, cos, sin, positions)
+        v = qkv[:, heads + kv:]
+        return self.o(attn.forward(layer_idx, q, k, v, meta))              # attn: [N, H * D]
+
+    def mlp(self, h: torch.Tensor, ops) -> torch.Tensor:
+        return self.down(ops.silu_and_mul(self.gate_up(h)))
 
 
 class LlamaModel(nn.Module):
@@ -101,6 +98,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
+        self.ops = TorchOps()
         self.embed = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers))
         self.norm = _param(cfg.hidden_size, dtype=dtype)
@@ -118,17 +116,23 @@ class LlamaModel(nn.Module):
         """Hidden states (before the final norm) of every input token: [N, hidden].
 
         `num_layers` runs only the first layers (layer-skip self-speculation)."""
-        x = F.embedding(input_ids, self.embed)                            # [N, hidden]
-        cos = self.rope_cos[positions].unsqueeze(1)                       # [N, 1, D]
-        sin = self.rope_sin[positions].unsqueeze(1)
+        ops, eps = self.ops, self.cfg.rms_norm_eps
         layers = self.layers if num_layers is None else self.layers[:num_layers]
+        rope = (self.rope_cos, self.rope_sin, positions)
+        x = F.embedding(input_ids, self.embed)                            # the residual stream [N, hidden]
+        h = ops.add_rms_norm(x, None, layers[0].input_norm, eps)
         for i, layer in enumerate(layers):
-            x = layer(x, cos, sin, attn, meta, i)
+            h = ops.add_rms_norm(x, layer.attention(h, rope, attn, meta, i, ops), layer.post_norm, eps)
+            out = layer.mlp(h, ops)
+            if i + 1 < len(layers):
+                h = ops.add_rms_norm(x, out, layers[i + 1].input_norm, eps)
+            else:
+                x.add_(out)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on selected rows: [M, hidden] -> [M, vocab] (float32)."""
-        h = F.rms_norm(hidden, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)
+        h = self.ops.add_rms_norm(hidden.contiguous(), None, self.norm, self.cfg.rms_norm_eps)
         return self.lm_head(h).float()
 
     def prepack(self) -> int:

@@ -13,7 +13,7 @@ import torch
 
 from tandem.errors import ModelLoadError
 from tandem.models.arch import ArchConfig
-from tandem.models.llama import LlamaModel
+from tandem.models.llama import Linear, LlamaModel
 
 
 def load_arch(model_dir: Path) -> ArchConfig:
@@ -30,34 +30,38 @@ def load_arch(model_dir: Path) -> ArchConfig:
     return ArchConfig.from_hf(hf)
 
 
-def _read_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{model_dir} has no .safetensors weights")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            tensors.update(load_file(str(f)))
-        except (SafetensorError, OSError, RuntimeError, ValueError) as e:
-            raise ModelLoadError(f"corrupt or truncated safetensors file {f}: {e}") from e
-    return tensors
-
-
 class _Weights:
-    def __init__(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
-        self.tensors = tensors
+    """Tensors of all *.safetensors files, read one at a time (memory-mapped) when asked for."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
+        from safetensors import safe_open
+
         self.dtype = dtype
+        self.files = sorted(model_dir.glob("*.safetensors"))
+        if not self.files:
+            raise ModelLoadError(f"{model_dir} has no .safetensors weights")
+        self.handles = {}
+        self.where: dict[str, Path] = {}
+        for f in self.files:
+            try:
+                h = safe_open(str(f), framework="pt")
+                for name in h.keys():
+                    self.where[name] = f
+                self.handles[f] = h
+            except Exception as e:  # SafetensorError, OSError, ... on damaged headers
+                raise ModelLoadError(f"corrupt or truncated safetensors file {f}: {e}") from e
 
     def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        t = self.tensors.get(name)
-        if t is None:
+        f = self.where.get(name)
+        if f is None:
             raise ModelLoadError(f"weight {name!r} is missing")
+        try:
+            t = self.handles[f].get_tensor(name)
+        except Exception as e:  # data past the end of a truncated file
+            raise ModelLoadError(f"corrupt or truncated safetensors file {f} (tensor {name!r}): {e}") from e
         if tuple(t.shape) != shape:
             raise ModelLoadError(f"weight {name!r} has shape {tuple(t.shape)}, expected {shape}")
-        return t.to(self.dtype)
+        return t.to(self.dtype, copy=True)
 
     def cat(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
         return torch.cat([self.get(n, s) for n, s in zip(names, shapes)], dim=0)
@@ -66,42 +70,53 @@ class _Weights:
 def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device, max_positions: int,
                prepack: bool = True) -> LlamaModel:
     arch = load_arch(model_dir)
-    w = _Weights(_read_tensors(model_dir), dtype)
+    w = _Weights(model_dir, dtype)
     model = LlamaModel(arch, dtype, max_positions)
-    _fill(model, arch, w)
+    # Layer by layer: fill, move, prepack (freeing plain weights), so peak memory stays near the final size.
+    _fill_globals(model, arch, w)
+    for i, layer in enumerate(model.layers):
+        _fill_layer(layer, i, arch, w)
+        layer.to(device)
+        if device.type == "cpu" and prepack:
+            for m in layer.modules():
+                if isinstance(m, Linear):
+                    m.prepack()
     model = model.to(device).eval()
     if device.type == "cpu" and prepack:
-        model.prepack()
+        model.lm_head.prepack(release=not arch.tie_word_embeddings)
     return model
 
 
-def _fill(model: LlamaModel, a: ArchConfig, w: _Weights) -> None:
-    h, d = a.hidden_size, a.head_dim
-    qkv_shapes = [(a.q_size, h), (a.kv_size, h), (a.kv_size, h)]
+def _fill_globals(model: LlamaModel, a: ArchConfig, w: _Weights) -> None:
+    h = a.hidden_size
     model.embed.data = w.get("model.embed_tokens.weight", (a.vocab_size, h))
     model.norm.data = w.get("model.norm.weight", (h,))
     if a.tie_word_embeddings:
         model.lm_head.weight = model.embed
     else:
         model.lm_head.weight.data = w.get("lm_head.weight", (a.vocab_size, h))
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        layer.input_norm.data = w.get(p + "input_layernorm.weight", (h,))
-        layer.post_norm.data = w.get(p + "post_attention_layernorm.weight", (h,))
-        names = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
-        layer.qkv.weight.data = w.cat(names, qkv_shapes)
-        if a.qkv_bias:
-            layer.qkv.bias.data = w.cat([n.replace("weight", "bias") for n in names],
-                                        [(a.q_size,), (a.kv_size,), (a.kv_size,)])
-        layer.o.weight.data = w.get(p + "self_attn.o_proj.weight", (h, a.q_size))
-        if a.o_bias:
-            layer.o.bias.data = w.get(p + "self_attn.o_proj.bias", (h,))
-        if a.qk_norm:
-            layer.q_norm.data = w.get(p + "self_attn.q_norm.weight", (d,))
-            layer.k_norm.data = w.get(p + "self_attn.k_norm.weight", (d,))
-        ff = a.intermediate_size
-        layer.gate_up.weight.data = w.cat([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], [(ff, h), (ff, h)])
-        layer.down.weight.data = w.get(p + "mlp.down_proj.weight", (h, ff))
-        if a.mlp_bias:
-            layer.gate_up.bias.data = w.cat([p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"], [(ff,), (ff,)])
-            layer.down.bias.data = w.get(p + "mlp.down_proj.bias", (h,))
+
+
+def _fill_layer(layer, i: int, a: ArchConfig, w: _Weights) -> None:
+    h, d = a.hidden_size, a.head_dim
+    qkv_shapes = [(a.q_size, h), (a.kv_size, h), (a.kv_size, h)]
+    p = f"model.layers.{i}."
+    layer.input_norm.data = w.get(p + "input_layernorm.weight", (h,))
+    layer.post_norm.data = w.get(p + "post_attention_layernorm.weight", (h,))
+    names = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
+    layer.qkv.weight.data = w.cat(names, qkv_shapes)
+    if a.qkv_bias:
+        layer.qkv.bias.data = w.cat([n.replace("weight", "bias") for n in names],
+                                    [(a.q_size,), (a.kv_size,), (a.kv_size,)])
+    layer.o.weight.data = w.get(p + "self_attn.o_proj.weight", (h, a.q_size))
+    if a.o_bias:
+        layer.o.bias.data = w.get(p + "self_attn.o_proj.bias", (h,))
+    if a.qk_norm:
+        layer.q_norm.data = w.get(p + "self_attn.q_norm.weight", (d,))
+        layer.k_norm.data = w.get(p + "self_attn.k_norm.weight", (d,))
+    ff = a.intermediate_size
+    layer.gate_up.weight.data = w.cat([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], [(ff, h), (ff, h)])
+    layer.down.weight.data = w.get(p + "mlp.down_proj.weight", (h, ff))
+    if a.mlp_bias:
+        layer.gate_up.bias.data = w.cat([p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"], [(ff,), (ff,)])
+        layer.down.bias.data = w.get(p + "mlp.down_proj.bias", (h,))

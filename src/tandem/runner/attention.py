@@ -22,15 +22,22 @@ MAX_BATCHED_QUERY = 16
 
 @dataclass
 class BatchedGroup:
-    """Requests attended together: B requests, up to Lq query tokens each, up to T context tokens."""
+    """Requests attended together: B requests, up to Lq query tokens each, up to T context tokens.
+
+    The paged kernel reads blocks in place through (table, query_seq, query_pos); the plain PyTorch
+    path gathers contexts into a padded batch (gather_slots, mask, pad/unpad indices). Only the
+    fields of the path in use are built."""
 
     num_seqs: int
     max_query: int
     max_context: int
-    gather_slots: torch.Tensor          # [B * T] slots of each request's context, padded with slot 0
-    mask: torch.Tensor                  # [1, B, Lq, 1, T] additive (0 or -inf)
-    pad_index: torch.Tensor | None      # [B * Lq] flat token row of each padded query (None: no padding)
-    unpad_index: torch.Tensor | None    # [Nb] padded query position of each flat token row
+    table: torch.Tensor | None = None          # [B, max_blocks] int32 block ids
+    query_seq: torch.Tensor | None = None      # [Nb] int32 row of `table` of each query
+    query_pos: torch.Tensor | None = None      # [Nb] int32 position of each query
+    gather_slots: torch.Tensor | None = None   # [B * T] slots of each request's context, padded with slot 0
+    mask: torch.Tensor | None = None           # [1, B, Lq, 1, T] additive (0 or -inf)
+    pad_index: torch.Tensor | None = None      # [B * Lq] flat token row of each padded query (None: no padding)
+    unpad_index: torch.Tensor | None = None    # [Nb] padded query position of each flat token row
 
 
 @dataclass
@@ -69,8 +76,9 @@ class PagedKVCache:
 class AttentionBackend:
     """Writes a step's K/V into the paged cache and computes attention for every query row."""
 
-    def __init__(self, cache: PagedKVCache, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    def __init__(self, cache: PagedKVCache, num_heads: int, num_kv_heads: int, head_dim: int, ops=None) -> None:
         self.cache = cache
+        self.kernel = getattr(ops, "paged_attention", None)   # fused paged attention, if the ops have it
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.group = num_heads // num_kv_heads
@@ -87,7 +95,12 @@ class AttentionBackend:
         out = q.new_empty(n, self.num_heads * self.head_dim)
         nb = meta.num_batched_tokens
         if meta.batched is not None:
-            out[:nb] = self._batched(q[:nb], kc, vc, meta.batched)
+            g = meta.batched
+            if self.kernel is not None:
+                out[:nb] = self.kernel(q[:nb].contiguous(), kc, vc, g.table, g.query_seq, g.query_pos,
+                                       self.cache.block_size, self.scale)
+            else:
+                out[:nb] = self._batched(q[:nb], kc, vc, g)
         for p in meta.prefills:
             out[p.q_start:p.q_end] = self._prefill(q[p.q_start:p.q_end], kc, vc, p)
         return out

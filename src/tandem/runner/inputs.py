@@ -24,7 +24,7 @@ class StepInputs:
     row_starts: list[int]               # first row of each seq
 
 
-def build_inputs(plan: StepPlan, block_size: int, device: torch.device) -> StepInputs:
+def build_inputs(plan: StepPlan, block_size: int, device: torch.device, paged_kernel: bool = False) -> StepInputs:
     batched = [s for s in plan.seqs if s.num_tokens <= MAX_BATCHED_QUERY]
     long = [s for s in plan.seqs if s.num_tokens > MAX_BATCHED_QUERY]
     seqs = batched + long
@@ -41,7 +41,7 @@ def build_inputs(plan: StepPlan, block_size: int, device: torch.device) -> StepI
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         num_batched_tokens=nb,
-        batched=_batched_group(batched, block_size, device) if batched else None,
+        batched=(_kernel_group if paged_kernel else _batched_group)(batched, block_size, device) if batched else None,
         prefills=[_prefill_seq(s, r, block_size, device) for s, r in zip(long, row_starts[len(batched):])],
     )
     return StepInputs(
@@ -53,6 +53,23 @@ def build_inputs(plan: StepPlan, block_size: int, device: torch.device) -> StepI
 
 def _slots(block_ids: list[int], block_size: int, begin: int, end: int) -> list[int]:
     return [block_ids[p // block_size] * block_size + p % block_size for p in range(begin, end)]
+
+
+def _kernel_group(seqs: list[ScheduledSeq], block_size: int, device: torch.device) -> BatchedGroup:
+    b = len(seqs)
+    t = max(s.start + s.num_tokens for s in seqs)
+    nblk = -(-t // block_size)
+    table = torch.zeros(b, nblk, dtype=torch.int32)
+    qseq: list[int] = []
+    qpos: list[int] = []
+    for i, s in enumerate(seqs):
+        used = -(-(s.start + s.num_tokens) // block_size)
+        table[i, :used] = torch.tensor(s.block_ids[:used], dtype=torch.int32)
+        qseq.extend([i] * s.num_tokens)
+        qpos.extend(range(s.start, s.start + s.num_tokens))
+    return BatchedGroup(num_seqs=b, max_query=max(s.num_tokens for s in seqs), max_context=t,
+                        table=table.to(device), query_seq=torch.tensor(qseq, dtype=torch.int32, device=device),
+                        query_pos=torch.tensor(qpos, dtype=torch.int32, device=device))
 
 
 def _batched_group(seqs: list[ScheduledSeq], block_size: int, device: torch.device) -> BatchedGroup:

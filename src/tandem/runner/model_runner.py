@@ -11,6 +11,7 @@ import torch
 from tandem.models.llama import LlamaModel
 from tandem.runner.attention import AttentionBackend, PagedKVCache
 from tandem.runner.inputs import build_inputs
+from tandem.runner.kernels import make_ops
 from tandem.runner.sampler import SampleRow, Sampler
 from tandem.types import StepPlan, StepResult
 
@@ -24,7 +25,9 @@ class ModelRunner:
         self.block_size = block_size
         self.cache = PagedKVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                                   model.dtype, device)
-        self.attn = AttentionBackend(self.cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        model.ops = make_ops(device)
+        self.attn = AttentionBackend(self.cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops)
+        self.paged_kernel = self.attn.kernel is not None
         self.sampler = Sampler(device, seed)
 
     @torch.inference_mode()
@@ -32,7 +35,7 @@ class ModelRunner:
         result = StepResult()
         if plan.is_empty:
             return result
-        inputs = build_inputs(plan, self.block_size, self.device)
+        inputs = build_inputs(plan, self.block_size, self.device, self.paged_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta)
         picks = [(s, r + s.num_tokens - 1) for s, r in zip(inputs.seqs, inputs.row_starts) if s.sample]
         if not picks:
@@ -50,7 +53,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(self, plan: StepPlan) -> dict[str, torch.Tensor]:
         """Run the plan's forward pass (writing KV) and return every token's logits: [num_tokens, V]."""
-        inputs = build_inputs(plan, self.block_size, self.device)
+        inputs = build_inputs(plan, self.block_size, self.device, self.paged_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta)
         logits = self.model.compute_logits(hidden)
         return {s.request_id: logits[r:r + s.num_tokens] for s, r in zip(inputs.seqs, inputs.row_starts)}

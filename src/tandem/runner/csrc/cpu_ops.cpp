@@ -1,0 +1,316 @@
+// Fused CPU kernels for Tandem's runner: the small per-layer ops whose fixed cost dominates a
+// decode step on a few cores (RMSNorm with residual add, RoPE, SiLU-and-mul), and paged attention
+// that reads K/V blocks in place instead of gathering them into a padded copy.
+// Every kernel computes in float32 whatever the storage dtype (float32, bfloat16, float16).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TANDEM_AVX2 1
+#endif
+
+namespace {
+
+template <typename T> inline float f32(T v) { return static_cast<float>(v); }
+
+#ifdef TANDEM_AVX2
+// exp on 8 floats (Cephes polynomial, the classic avx_mathfun form): ~1 ulp off expf on [-88, 88].
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_add_ps(_mm256_fmadd_ps(y, z, x), _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(0x7f)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// In place: x[i] = exp(x[i] - m); returns the sum.
+inline float exp_sub_sum(float* x, int64_t n, float m) {
+  int64_t i = 0;
+  float sum = 0.f;
+#ifdef TANDEM_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum8(acc);
+#endif
+  for (; i < n; ++i) { x[i] = std::exp(x[i] - m); sum += x[i]; }
+  return sum;
+}
+
+// residual += delta (if given); out = residual * rsqrt(mean(residual^2) + eps) * weight
+template <typename T>
+void add_rms_norm_impl(T* out, T* x, const T* delta, const T* w, int64_t rows, int64_t dim, double eps) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(dim);
+    for (int64_t r = begin; r < end; ++r) {
+      T* xr = x + r * dim;
+      float ss = 0.f;
+      if (delta != nullptr) {
+        const T* dr = delta + r * dim;
+        for (int64_t i = 0; i < dim; ++i) {
+          T s = static_cast<T>(f32(xr[i]) + f32(dr[i]));   // round to storage like `x + delta`
+          xr[i] = s;
+        }
+      }
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < dim; ++i) {
+        buf[i] = f32(xr[i]);
+        ss += buf[i] * buf[i];
+      }
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(dim) + static_cast<float>(eps));
+      T* o = out + r * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = static_cast<T>(f32(w[i]) * static_cast<float>(static_cast<T>(buf[i] * inv)));
+    }
+  });
+}
+
+// In-place rotate-half RoPE: for i < D/2, (a, b) = (x[i], x[i + D/2]) ->
+// (a cos_i - b sin_i, b cos_i + a sin_i). cos/sin: [P, D] tables (halves repeated, HF layout).
+template <typename T>
+void rope_impl(T* x, int64_t n, int64_t row_heads, int64_t heads, int64_t d, const T* cos, const T* sin,
+               const int64_t* pos) {
+  const int64_t half = d / 2;
+  at::parallel_for(0, n, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* c = cos + pos[t] * d;
+      const T* s = sin + pos[t] * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* v = x + (t * row_heads + h) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = f32(v[i]), b = f32(v[i + half]);
+          // Same rounding steps as q * cos + rotate_half(q) * sin in the storage dtype.
+          const T ac = static_cast<T>(a * f32(c[i])), bs = static_cast<T>(b * f32(s[i]));
+          const T bc = static_cast<T>(b * f32(c[i + half])), as = static_cast<T>(a * f32(s[i + half]));
+          v[i] = static_cast<T>(f32(ac) - f32(bs));
+          v[i + half] = static_cast<T>(f32(bc) + f32(as));
+        }
+      }
+    }
+  });
+}
+
+// out[r, i] = silu(x[r, i]) * x[r, F + i]
+template <typename T>
+void silu_and_mul_impl(T* out, const T* x, int64_t rows, int64_t f) {
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = x + r * 2 * f;
+      const T* u = g + f;
+      T* o = out + r * f;
+      int64_t i = 0;
+#ifdef TANDEM_AVX2
+      if constexpr (std::is_same_v<T, float>) {
+        const __m256 one = _mm256_set1_ps(1.f);
+        for (; i + 8 <= f; i += 8) {
+          const __m256 gv = _mm256_loadu_ps(g + i);
+          const __m256 act = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+          _mm256_storeu_ps(o + i, _mm256_mul_ps(act, _mm256_loadu_ps(u + i)));
+        }
+      }
+#endif
+      for (; i < f; ++i) {
+        const float gv = f32(g[i]);
+        const T act = static_cast<T>(gv / (1.f + std::exp(-gv)));
+        o[i] = static_cast<T>(f32(act) * f32(u[i]));
+      }
+    }
+  });
+}
+
+// Paged attention for queries that each see a prefix of their sequence's context.
+// q: [N, H, D]; k/v cache: [KV, S, D] with slot = block * bs + offset; table: [B, MB] block ids;
+// seq: [N] row of `table` for each query; pos: [N] the query's position (it sees 0..pos).
+// Two passes per (query, kv head): scores for the G query heads sharing the kv head, then a
+// softmax-weighted sum of V rows; every K and V row is read once per (query, kv head).
+// score[g][t] = scale * <q_g, k_t> for the G query heads sharing one kv head (G <= 8).
+template <typename T>
+inline void scores_row(float* out, int64_t stride, const float* qf, int64_t g_size, const T* kr, int64_t d, float scale) {
+#ifdef TANDEM_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % 8 == 0) {
+      for (int64_t g0 = 0; g0 < g_size; g0 += 4) {
+        const int64_t gn = std::min<int64_t>(4, g_size - g0);
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t j = 0; j < d; j += 8) {
+          const __m256 kv = _mm256_loadu_ps(kr + j);
+          for (int64_t g = 0; g < gn; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qf + (g0 + g) * d + j), kv, acc[g]);
+        }
+        for (int64_t g = 0; g < gn; ++g) out[(g0 + g) * stride] = hsum8(acc[g]) * scale;
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t g = 0; g < g_size; ++g) {
+    const float* qg = qf + g * d;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t j = 0; j < d; ++j) s += qg[j] * f32(kr[j]);
+    out[g * stride] = s * scale;
+  }
+}
+
+// acc[g] += p[g] * v for the G heads.
+template <typename T>
+inline void accumulate_row(float* acc, const float* p, int64_t stride, int64_t g_size, const T* vr, int64_t d) {
+#ifdef TANDEM_AVX2
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % 8 == 0) {
+      for (int64_t j = 0; j < d; j += 8) {
+        const __m256 vv = _mm256_loadu_ps(vr + j);
+        for (int64_t g = 0; g < g_size; ++g) {
+          float* a = acc + g * d + j;
+          _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_set1_ps(p[g * stride]), vv, _mm256_loadu_ps(a)));
+        }
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t g = 0; g < g_size; ++g) {
+    const float pg = p[g * stride];
+    float* a = acc + g * d;
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) a[j] += pg * f32(vr[j]);
+  }
+}
+
+// Paged attention for queries that each see a prefix of their sequence's context.
+// q: [N, H, D]; k/v cache: [KV, S, D] with slot = block * bs + offset; table: [B, MB] block ids;
+// seq: [N] row of `table` for each query; pos: [N] the query's position (it sees 0..pos).
+// Two passes per (query, kv head): scores for the G query heads sharing the kv head, softmax, then
+// a weighted sum of V rows; every K and V row is read once per (query, kv head), in place.
+template <typename T>
+void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const int32_t* table,
+                          const int32_t* seq, const int32_t* pos, int64_t n, int64_t heads, int64_t kv_heads,
+                          int64_t d, int64_t slots, int64_t max_blocks, int64_t bs, float scale) {
+  const int64_t g_size = heads / kv_heads;
+  at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, qf(g_size * d), acc(g_size * d);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i = item / kv_heads, h = item % kv_heads;
+      const int64_t ctx = static_cast<int64_t>(pos[i]) + 1;
+      const int32_t* blocks = table + static_cast<int64_t>(seq[i]) * max_blocks;
+      scores.resize(g_size * ctx);
+      for (int64_t g = 0; g < g_size; ++g)
+        for (int64_t j = 0; j < d; ++j) qf[g * d + j] = f32(q[(i * heads + h * g_size + g) * d + j]);
+      const T* kh = kc + h * slots * d;
+      const T* vh = vc + h * slots * d;
+      // Walk the context block by block (no division per token).
+      for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
+        const T* kb = kh + static_cast<int64_t>(blocks[b]) * bs * d;
+        const int64_t len = std::min(bs, ctx - t0);
+        for (int64_t o = 0; o < len; ++o) scores_row(scores.data() + t0 + o, ctx, qf.data(), g_size, kb + o * d, d, scale);
+      }
+      for (int64_t g = 0; g < g_size; ++g) {
+        float* sg = scores.data() + g * ctx;
+        const float m = *std::max_element(sg, sg + ctx);
+        const float inv = 1.f / exp_sub_sum(sg, ctx, m);
+        for (int64_t t = 0; t < ctx; ++t) sg[t] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
+        const T* vb = vh + static_cast<int64_t>(blocks[b]) * bs * d;
+        const int64_t len = std::min(bs, ctx - t0);
+        for (int64_t o = 0; o < len; ++o) accumulate_row(acc.data(), scores.data() + t0 + o, ctx, g_size, vb + o * d, d);
+      }
+      for (int64_t g = 0; g < g_size; ++g)
+        for (int64_t j = 0; j < d; ++j) out[(i * heads + h * g_size + g) * d + j] = static_cast<T>(acc[g * d + j]);
+    }
+  });
+}
+
+void check(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+}  // namespace
+
+torch::Tensor add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> delta, torch::Tensor w, double eps) {
+  check(x, "x");
+  check(w, "weight");
+  auto out = torch::empty_like(x);
+  const int64_t dim = x.size(-1), rows = x.numel() / dim;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    const scalar_t* dp = nullptr;
+    if (delta.has_value()) { check(*delta, "delta"); dp = delta->data_ptr<scalar_t>(); }
+    add_rms_norm_impl<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), dp, w.data_ptr<scalar_t>(), rows, dim, eps);
+  });
+  return out;
+}
+
+// x: [N, row_heads, D] contiguous; rotates heads [0, num_heads) of every row in place.
+void rope_(torch::Tensor x, int64_t num_heads, torch::Tensor cos, torch::Tensor sin, torch::Tensor positions) {
+  check(x, "x");
+  check(cos, "cos");
+  check(sin, "sin");
+  check(positions, "positions");
+  TORCH_CHECK(x.dim() == 3 && num_heads <= x.size(1), "x must be [N, heads, head_dim]");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == x.size(0), "positions: int64 [N]");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rope", [&] {
+    rope_impl<scalar_t>(x.data_ptr<scalar_t>(), x.size(0), x.size(1), num_heads, x.size(2), cos.data_ptr<scalar_t>(),
+                        sin.data_ptr<scalar_t>(), positions.data_ptr<int64_t>());
+  });
+}
+
+torch::Tensor silu_and_mul(torch::Tensor x) {
+  check(x, "x");
+  const int64_t f = x.size(-1) / 2, rows = x.numel() / x.size(-1);
+  auto sizes = x.sizes().vec();
+  sizes.back() = f;
+  auto out = torch::empty(sizes, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
+    silu_and_mul_impl<scalar_t>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), rows, f);
+  });
+  return out;
+}
+
+torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor table,
+                              torch::Tensor seq, torch::Tensor pos, int64_t block_size, double scale) {
+  for (auto* t : {&q, &k_cache, &v_cache, &table, &seq, &pos}) check(*t, "argument");
+  TORCH_CHECK(table.scalar_type() == at::kInt && seq.scalar_type() == at::kInt && pos.scalar_type() == at::kInt,
+              "table, seq and pos must be int32");
+  const int64_t n = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(0);
+  auto out = torch::empty({n, heads * d}, q.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
+    paged_attention_impl<scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+                                   v_cache.data_ptr<scalar_t>(), table.data_ptr<int32_t>(), seq.data_ptr<int32_t>(),
+                                   pos.data_ptr<int32_t>(), n, heads, kv_heads, d, k_cache.size(1), table.size(1),
+                                   block_size, static_cast<float>(scale));
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("add_rms_norm", &add_rms_norm, "x += delta (optional); return rms_norm(x) * w");
+  m.def("rope_", &rope_, "in-place rotate-half RoPE on the first num_heads heads of each row");
+  m.def("silu_and_mul", &silu_and_mul, "silu(x[..., :F]) * x[..., F:]");
+  m.def("paged_attention", &paged_attention, "attention over paged K/V for queries at given positions");
+}

@@ -1,0 +1,104 @@
+"""Per-layer small ops, in two implementations with one interface.
+
+`TorchOps` is plain PyTorch and runs on any device. `CpuKernelOps` calls Tandem's fused C++
+kernels (csrc/cpu_ops.cpp), compiled on first use with torch's cpp_extension and cached under
+$TANDEM_CACHE/ext; if compilation is impossible the engine falls back to `TorchOps` with a
+warning. Set TANDEM_CPU_KERNELS=0 to force the fallback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("tandem.kernels")
+_SOURCE = Path(__file__).parent / "csrc" / "cpu_ops.cpp"
+_module: ModuleType | None = None
+_tried = False
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class TorchOps:
+    name = "torch"
+
+    @staticmethod
+    def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float) -> torch.Tensor:
+        """x += delta (in place, if given); returns rms_norm(x) * w."""
+        if delta is not None:
+            x.add_(delta)
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+    @staticmethod
+    def rope_(x: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> None:
+        """In-place rotate-half RoPE on heads [0, num_heads) of x: [N, heads, D]; cos/sin: [P, D] tables."""
+        c = cos[positions].unsqueeze(1)
+        s = sin[positions].unsqueeze(1)
+        r = x[:, :num_heads]
+        r.copy_(r * c + rotate_half(r) * s)
+
+    @staticmethod
+    def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class CpuKernelOps:
+    name = "cpu-kernels"
+
+    def __init__(self, module: ModuleType) -> None:
+        self.m = module
+
+    def add_rms_norm(self, x, delta, w, eps):
+        return self.m.add_rms_norm(x, delta, w, eps)
+
+    def rope_(self, x, num_heads, cos, sin, positions):
+        self.m.rope_(x, num_heads, cos, sin, positions)
+
+    def silu_and_mul(self, x):
+        return self.m.silu_and_mul(x)
+
+    def paged_attention(self, q, k_cache, v_cache, table, seq, pos, block_size: int, scale: float):
+        return self.m.paged_attention(q, k_cache, v_cache, table, seq, pos, block_size, scale)
+
+
+def load_cpu_kernels() -> ModuleType | None:
+    """The compiled kernel module, building it once per source version; None if unavailable."""
+    global _module, _tried
+    if _tried:
+        return _module
+    _tried = True
+    if os.environ.get("TANDEM_CPU_KERNELS", "1") == "0":
+        return None
+    from tandem.models.fetch import cache_dir
+
+    src = _SOURCE.read_bytes()
+    key = hashlib.sha256(src + torch.__version__.encode()).hexdigest()[:12]
+    build = cache_dir() / "ext" / f"cpu_ops-{key}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        from torch.utils.cpp_extension import load
+
+        _module = load(name=f"tandem_cpu_ops_{key}", sources=[str(_SOURCE)], build_directory=str(build),
+                       extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # no compiler, no ninja, unsupported flags...
+        log.warning("Tandem's CPU kernels could not be built (%s); using plain PyTorch ops", e)
+        _module = None
+    return _module
+
+
+def make_ops(device: torch.device) -> TorchOps | CpuKernelOps:
+    if device.type == "cpu":
+        module = load_cpu_kernels()
+        if module is not None:
+            return CpuKernelOps(module)
+    return TorchOps()

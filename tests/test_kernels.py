@@ -1,0 +1,67 @@
+"""Tandem's fused CPU kernels against plain PyTorch (the fallback path and the reference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tandem.runner.kernels import CpuKernelOps, TorchOps, load_cpu_kernels
+
+module = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(module is None, reason="CPU kernels could not be built here")
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return CpuKernelOps(module)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_add_rms_norm(ops, dtype, tol):
+    x = torch.randn(7, 576, dtype=dtype)
+    d = torch.randn(7, 576, dtype=dtype)
+    w = torch.rand(576, dtype=dtype)
+    x_ref = x.clone()
+    ref = TorchOps.add_rms_norm(x_ref, d, w, 1e-5)
+    got = ops.add_rms_norm(x, d, w, 1e-5)
+    torch.testing.assert_close(x, x_ref, atol=0, rtol=0)           # the residual stream, updated in place
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(ops.add_rms_norm(x, None, w, 1e-5), F.rms_norm(x, (576,), w, 1e-5), atol=tol, rtol=tol)
+
+
+def test_rope_rotates_only_the_first_heads(ops):
+    x = torch.randn(5, 15, 64)
+    cos, sin = torch.randn(100, 64), torch.randn(100, 64)
+    pos = torch.tensor([0, 3, 3, 50, 99])
+    ref = x.clone()
+    TorchOps.rope_(ref, 12, cos, sin, pos)
+    ops.rope_(x, 12, cos, sin, pos)
+    torch.testing.assert_close(x, ref, atol=1e-6, rtol=1e-6)
+    assert torch.equal(x[:, 12:], ref[:, 12:])
+
+
+def test_silu_and_mul(ops):
+    x = torch.randn(9, 2 * 1537) * 4                                  # odd width: vector and scalar tails
+    torch.testing.assert_close(ops.silu_and_mul(x), TorchOps.silu_and_mul(x), atol=1e-5, rtol=1e-5)
+
+
+def test_paged_attention_matches_sdpa(ops):
+    """Queries at arbitrary positions over scattered blocks equal causal SDPA over the gathered context."""
+    torch.manual_seed(0)
+    heads, kv, d, bs, nblocks = 6, 2, 64, 4, 40
+    kc, vc = torch.randn(kv, nblocks * bs, d), torch.randn(kv, nblocks * bs, d)
+    tables = [torch.randperm(nblocks)[:6].to(torch.int32), torch.randperm(nblocks)[:3].to(torch.int32)]
+    table = torch.zeros(2, 6, dtype=torch.int32)
+    table[0], table[1, :3] = tables[0], tables[1]
+    seq = torch.tensor([0, 0, 0, 1, 1], dtype=torch.int32)
+    pos = torch.tensor([21, 22, 23, 0, 9], dtype=torch.int32)
+    q = torch.randn(5, heads, d)
+    got = ops.paged_attention(q, kc, vc, table, seq, pos, bs, d ** -0.5)
+    for i in range(5):
+        t = int(pos[i]) + 1
+        slots = torch.cat([torch.arange(int(b) * bs, int(b) * bs + bs) for b in table[int(seq[i])]])[:t]
+        k, v = kc[:, slots], vc[:, slots]                               # [KV, T, D]
+        ref = F.scaled_dot_product_attention(q[i].unsqueeze(1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                             enable_gqa=True)[0, :, 0]   # [H, D]
+        torch.testing.assert_close(got[i].view(heads, d), ref, atol=1e-5, rtol=1e-5)
