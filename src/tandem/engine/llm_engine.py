@@ -57,6 +57,12 @@ class EngineStats:
     num_generation_tokens: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    num_paused: int = 0                 # requests paused on a tool call (AugServe)
+    spec_num_drafts: int = 0            # speculative decoding: verification rounds with >= 1 draft token
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    tool_num_calls: int = 0
+    tool_num_errors: int = 0
 
 
 class LLMEngine:

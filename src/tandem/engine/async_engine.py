@@ -1,0 +1,189 @@
+"""Asyncio front of the engine: one background thread steps the engine, requests stream back.
+
+The engine (and the torch work under it) runs on its own thread so the event loop stays free for
+HTTP. Requests and aborts are handed over through a command queue and applied between steps;
+outputs are delivered to per-request asyncio queues with `call_soon_threadsafe`. A failing step
+fails the requests it was running, never the thread: others keep being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from tandem.engine.llm_engine import EngineStats, LLMEngine
+from tandem.errors import TandemError
+from tandem.outputs import RequestOutput
+from tandem.sampling_params import SamplingParams
+
+log = logging.getLogger("tandem.engine")
+
+
+class QueueFullError(TandemError):
+    """Too many requests are waiting; retry later (HTTP 503)."""
+
+
+class EngineDeadError(TandemError):
+    """The engine thread has stopped."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sink: "_Sink"
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class _Sink:
+    """Delivers a request's outputs from the engine thread into the asyncio loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine, max_waiting: int = 256, idle_wait_s: float = 0.05) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.idle_wait_s = idle_wait_s
+        self._commands: queue.Queue[_Add | _Abort] = queue.Queue()
+        self._sinks: dict[str, _Sink] = {}
+        self._ids = itertools.count()
+        self._stop = threading.Event()
+        self._num_pending = 0          # added but not finished
+        self._lock = threading.Lock()
+        self._stats: EngineStats = engine.stats()
+        self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
+        self._thread.start()
+
+    # --- API used from the event loop -------------------------------------------------------------
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def num_pending(self) -> int:
+        return self._num_pending
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    async def generate(self, prompt: str | None, params: SamplingParams, *, prompt_token_ids: list[int] | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs (one per step that produced tokens; the last has finished=True).
+
+        Validation errors raise before anything is queued. Leaving the iterator early (a client
+        disconnect) aborts the request and frees its KV blocks."""
+        if not self._thread.is_alive():
+            raise EngineDeadError("the engine thread is not running")
+        ids = self.engine.validate(prompt, prompt_token_ids, params)
+        if self._num_pending - self.engine.scheduler.num_running >= self.max_waiting:
+            raise QueueFullError(f"{self.max_waiting} requests are already waiting")
+        rid = request_id or f"async-{next(self._ids)}"
+        sink = _Sink(asyncio.get_running_loop())
+        self._count(+1)
+        self._commands.put(_Add(rid, prompt, ids, params, sink))
+        finished = False
+        try:
+            while True:
+                item = await sink.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self._commands.put(_Abort(rid))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(_Abort(request_id))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight (or the timeout passes); True if drained."""
+        deadline = time.monotonic() + timeout_s
+        while self._num_pending > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self._num_pending == 0
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _count(self, delta: int) -> None:
+        with self._lock:
+            self._num_pending += delta
+
+    # --- the engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._apply_commands(block=not self.engine.has_unfinished_requests())
+            if not self.engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # a bug or a device error: fail what was running, keep serving
+                log.exception("engine step failed")
+                self._fail_all(e)
+                continue
+            for out in outputs:
+                self._deliver(out)
+            self._stats = self.engine.stats()
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=self.idle_wait_s) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(cmd, _Add):
+                self._sinks[cmd.request_id] = cmd.sink
+                try:
+                    self.engine.add_request(cmd.prompt, cmd.params, prompt_token_ids=cmd.prompt_token_ids,
+                                            request_id=cmd.request_id)
+                except Exception as e:
+                    self._sinks.pop(cmd.request_id, None)
+                    self._count(-1)
+                    cmd.sink.put(e)
+            else:
+                out = self.engine.abort_request(cmd.request_id)
+                if out is not None:
+                    self._deliver(out)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _deliver(self, out: RequestOutput) -> None:
+        sink = self._sinks.get(out.request_id)
+        if out.finished:
+            if self._sinks.pop(out.request_id, None) is not None:
+                self._count(-1)
+        if sink is not None:
+            sink.put(out)
+
+    def _fail_all(self, error: Exception) -> None:
+        for rid in list(self._sinks):
+            self.engine.abort_request(rid)
+            sink = self._sinks.pop(rid)
+            self._count(-1)
+            sink.put(RuntimeError(f"engine step failed: {error}"))
