@@ -57,3 +57,54 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float"):
             raise ConfigError(f"unknown dtype {self.dtype!r} (auto, bfloat16, float16 or float32)")
+
+
+SPEC_METHODS = ("ngram", "draft", "layerskip")
+SPEC_POLICIES = ("adaptive", "fixed", "table", "none")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding (FASER). `policy` chooses each request's draft length every step:
+
+    - adaptive: maximise expected accepted tokens per second from each request's per-position
+      acceptance history and a step-cost model learned from the engine's own step times (FASER);
+    - fixed: `max_draft_tokens` for every request that has drafts;
+    - table: a decode-batch-size -> length table (vLLM's "dynamic SD"), `length_table`;
+    - none: proposer wired in but never used (for A/B runs).
+    """
+
+    method: str = "ngram"
+    max_draft_tokens: int = 8
+    policy: str = "adaptive"
+    ngram_min: int = 1                  # n-gram sizes tried, longest first
+    ngram_max: int = 4
+    draft_model: str | None = None      # method="draft": HF dir or GGUF sharing the target's tokenizer
+    num_draft_layers: int | None = None  # method="layerskip": the target's first L layers (default: 1/4)
+    length_table: tuple[tuple[int, int], ...] = ((1, 8), (2, 6), (4, 4), (8, 3), (16, 2), (32, 1))
+    frontier_size: int = 0              # verify drafts in chunks of this many (0: all at once)
+    early_exit_layer: int | None = None  # layer at which predicted-rejected draft suffixes are dropped
+    early_exit_topk: int = 8            # the check: is the draft token among the top-k at that layer?
+    overlap: bool = False               # draft frontier f+1 while verifying frontier f (separate threads)
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ConfigError(f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}")
+        if self.policy not in SPEC_POLICIES:
+            raise ConfigError(f"speculative policy must be one of {SPEC_POLICIES}, got {self.policy!r}")
+        if not 1 <= self.max_draft_tokens <= 32:
+            raise ConfigError(f"max_draft_tokens must be in [1, 32], got {self.max_draft_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if self.method == "draft" and not self.draft_model:
+            raise ConfigError("speculative method 'draft' needs draft_model")
+        if self.num_draft_layers is not None and self.num_draft_layers < 1:
+            raise ConfigError(f"num_draft_layers must be >= 1, got {self.num_draft_layers}")
+        if self.frontier_size < 0:
+            raise ConfigError(f"frontier_size must be >= 0, got {self.frontier_size}")
+        if self.early_exit_layer is not None and self.early_exit_layer < 1:
+            raise ConfigError(f"early_exit_layer must be >= 1, got {self.early_exit_layer}")
+        if self.early_exit_topk < 1:
+            raise ConfigError(f"early_exit_topk must be >= 1, got {self.early_exit_topk}")
+        if any(b < 1 or k < 0 for b, k in self.length_table):
+            raise ConfigError("length_table entries must be (batch size >= 1, length >= 0)")

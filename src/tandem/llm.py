@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from tandem.config import CacheConfig, ModelConfig, SchedulerConfig
+from tandem.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
 from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.tokenizer import Tokenizer
 from tandem.errors import ConfigError, InvalidRequestError
@@ -26,13 +26,14 @@ from tandem.runner.device import resolve_device, resolve_dtype
 from tandem.runner.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
+from tandem.spec.factory import make_length_policy, make_spec_decoder
 
 log = logging.getLogger("tandem")
 
 
 def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig,
-                 progress: bool = True) -> LLMEngine:
-    """Load the model, size the KV cache, and wire scheduler, runner and tokenizer together."""
+                 spec_cfg: SpecConfig | None = None, progress: bool = True) -> LLMEngine:
+    """Load the model, size the KV cache, and wire scheduler, runner, speculation and tokenizer."""
     if model_cfg.num_threads:
         torch.set_num_threads(model_cfg.num_threads)
     device = resolve_device(model_cfg.device)
@@ -49,9 +50,28 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
     runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed)
-    log.info("model %s: %s on %s, %d KV blocks of %d tokens, context %d", model_dir.name, dtype, device,
-             num_blocks, cache_cfg.block_size, max_len)
-    return LLMEngine(Scheduler(sched_cfg, kv), runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len)
+    policy = None
+    if spec_cfg is not None:
+        def load_draft(path: str):
+            ddir = resolve_model(path, progress)
+            return load_model(ddir, dtype, device, max_positions=max_len), Tokenizer(ddir)
+
+        runner.spec = make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft)
+        policy = make_length_policy(spec_cfg)
+    log.info("model %s: %s on %s, %d KV blocks of %d tokens, context %d, speculation %s", model_dir.name, dtype,
+             device, num_blocks, cache_cfg.block_size, max_len, spec_cfg)
+    scheduler = Scheduler(sched_cfg, kv, spec_policy=policy,
+                          max_draft_tokens=spec_cfg.max_draft_tokens if spec_cfg else 0)
+    return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len)
+
+
+def as_spec_config(speculative: SpecConfig | str | None) -> SpecConfig | None:
+    """`speculative="ngram"` (or "layerskip") is shorthand for SpecConfig(method=...)."""
+    if speculative is None or isinstance(speculative, SpecConfig):
+        return speculative
+    if isinstance(speculative, str):
+        return SpecConfig(method=speculative)
+    raise ConfigError(f"speculative must be a SpecConfig or a method name, got {speculative!r}")
 
 
 def _max_model_len(cfg: ModelConfig, model_max: int, window: int | None, kv_tokens: int) -> int:
@@ -71,14 +91,15 @@ class LLM:
                  max_model_len: int | None = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
                  kv_cache_memory_gb: float = 0.5, num_kv_blocks: int | None = None, block_size: int = 16,
                  enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
-                 num_threads: int | None = None, progress: bool = True) -> None:
+                 num_threads: int | None = None, speculative: SpecConfig | str | None = None,
+                 progress: bool = True) -> None:
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
                                 num_threads=num_threads)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
                                 num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching)
         sched_cfg = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                     policy=scheduling_policy)
-        self.engine = build_engine(model_cfg, cache_cfg, sched_cfg, progress)
+        self.engine = build_engine(model_cfg, cache_cfg, sched_cfg, as_spec_config(speculative), progress)
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts: str | Sequence[str] | None = None,

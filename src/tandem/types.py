@@ -37,6 +37,49 @@ class FinishReason(str, enum.Enum):
 
 
 @dataclass
+class SpecStats:
+    """Speculative decoding counters of one request (or of the whole engine)."""
+
+    num_steps: int = 0                  # verification rounds with at least one draft token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_pruned_tokens: int = 0          # draft rows cut from verification early (frontiers, early exit)
+    accepted_per_position: list[int] = field(default_factory=list)   # [m]: rounds that accepted draft m+1
+    drafted_per_position: list[int] = field(default_factory=list)    # [m]: rounds that drafted >= m+1
+    chosen_lengths: dict[int, int] = field(default_factory=dict)     # draft length -> how many times chosen
+
+    def record(self, num_drafted: int, num_accepted: int, num_pruned: int = 0) -> None:
+        if num_drafted <= 0:
+            return
+        self.num_steps += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        self.num_pruned_tokens += num_pruned
+        for lst, n in ((self.drafted_per_position, num_drafted), (self.accepted_per_position, num_accepted)):
+            if len(lst) < num_drafted:
+                lst.extend([0] * (num_drafted - len(lst)))
+            for m in range(n):
+                lst[m] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification round (accepted drafts + the one the target adds)."""
+        return 1.0 + self.num_accepted_tokens / self.num_steps if self.num_steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {"num_steps": self.num_steps, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens, "num_pruned_tokens": self.num_pruned_tokens,
+                "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
+                "acceptance_per_position": [a / d if d else 0.0 for a, d in
+                                            zip(self.accepted_per_position, self.drafted_per_position)],
+                "chosen_lengths": dict(sorted(self.chosen_lengths.items()))}
+
+
+@dataclass
 class RequestTimes:
     """Timestamps (seconds, from the engine's clock) of a request's life."""
 
@@ -67,6 +110,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     times: RequestTimes = field(default_factory=RequestTimes)
+    spec: SpecStats = field(default_factory=SpecStats)
+    draft_available: int | None = None   # drafts the proposer can offer next step (None: unlimited)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -106,7 +151,12 @@ class Request:
 
 @dataclass
 class ScheduledSeq:
-    """One request's share of a step: compute `token_ids` at positions start..start+len-1."""
+    """One request's share of a step: compute `token_ids` at positions start..start+len-1.
+
+    With speculation, `num_draft_tokens` more positions follow: the executor drafts that many
+    tokens (or fewer) after `token_ids` and verifies them in the same pass. `history` is the
+    request's whole token list (read-only), for proposers that look back (n-gram, draft models).
+    """
 
     request_id: str
     token_ids: list[int]
@@ -116,10 +166,17 @@ class ScheduledSeq:
     sampling_params: SamplingParams
     num_output_tokens: int          # output tokens so far (for min_tokens)
     stop_token_ids: frozenset[int] = frozenset()
+    num_draft_tokens: int = 0
+    history: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        """Positions this step may compute (committed chunk + draft slots)."""
+        return len(self.token_ids) + self.num_draft_tokens
 
 
 @dataclass
@@ -131,7 +188,7 @@ class StepPlan:
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs)
+        return sum(s.num_scheduled_tokens for s in self.seqs)
 
     @property
     def is_empty(self) -> bool:
@@ -151,6 +208,12 @@ class StepResult:
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    # Speculation: drafts actually verified, how many were accepted, how many rows were pruned
+    # early, and how many drafts each request's proposer could offer next step.
+    num_draft_tokens: dict[str, int] = field(default_factory=dict)
+    num_accepted_tokens: dict[str, int] = field(default_factory=dict)
+    num_pruned_tokens: dict[str, int] = field(default_factory=dict)
+    draft_available: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

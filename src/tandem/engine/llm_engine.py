@@ -182,7 +182,8 @@ class LLMEngine:
             arrival_time=r.times.arrival, first_scheduled_time=r.times.first_scheduled,
             first_token_time=r.times.first_token, finished_time=r.times.finished,
             num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=len(state.token_ids),
-            num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions)
+            num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
+            extra={"spec": r.spec.as_dict()} if r.spec.chosen_lengths else {})
         completion = CompletionOutput(0, text, list(state.token_ids), reason,
                                       list(state.logprobs) if state.logprobs is not None else None)
         return RequestOutput(r.request_id, state.prompt, r.prompt_token_ids, [completion], finished, metrics,
@@ -195,4 +196,7 @@ class LLMEngine:
             kv_usage=kv.usage, num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
             num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps,
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
-            prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens)
+            prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens,
+            spec_num_drafts=self.scheduler.spec_stats.num_steps,
+            spec_num_draft_tokens=self.scheduler.spec_stats.num_draft_tokens,
+            spec_num_accepted_tokens=self.scheduler.spec_stats.num_accepted_tokens)

@@ -1,7 +1,7 @@
-"""The torch executor: one forward pass per `StepPlan`, then sampling.
+"""The torch executor: one forward pass per `StepPlan`, then sampling (or draft verification).
 
-Implements the engine's `Executor` protocol. It owns the model, the paged KV tensors and the
-per-request sampling state, and makes no scheduling decision.
+Implements the engine's `Executor` protocol. It owns the model, the paged KV tensors, the
+per-request sampling state and, with speculation, the proposer; it makes no scheduling decision.
 """
 
 from __future__ import annotations
@@ -29,26 +29,60 @@ class ModelRunner:
         self.attn = AttentionBackend(self.cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops)
         self.paged_kernel = self.attn.kernel is not None
         self.sampler = Sampler(device, seed)
+        self.spec = None            # a tandem.spec.decoder.SpecDecoder when speculation is on
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         result = StepResult()
         if plan.is_empty:
             return result
-        inputs = build_inputs(plan, self.block_size, self.device, self.paged_kernel)
+        drafts = self.spec.draft(plan) if self.spec is not None else {}
+        run = self.spec.extend(plan, drafts) if drafts else plan
+        inputs = build_inputs(run, self.block_size, self.device, self.paged_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta)
-        picks = [(s, r + s.num_tokens - 1) for s, r in zip(inputs.seqs, inputs.row_starts) if s.sample]
-        if not picks:
+        # Logit rows: a drafting request's last committed token and its drafts; others their last token.
+        spans, off = [], 0                       # (seq, offset into logits, number of rows)
+        row_ids: list[int] = []
+        for s, r in zip(inputs.seqs, inputs.row_starts):
+            n_draft = len(drafts[s.request_id].tokens) if s.request_id in drafts else 0
+            if s.sample or n_draft:
+                first = r + s.num_tokens - 1 - n_draft
+                row_ids.extend(range(first, first + n_draft + 1))
+                spans.append((s, off, n_draft + 1))
+                off += n_draft + 1
+        if not spans:
             return result
-        rows_t = torch.tensor([r for _, r in picks], dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows_t))  # [M, V] float32
-        rows = [SampleRow(s.request_id, s.sampling_params, s.num_output_tokens, s.stop_token_ids) for s, _ in picks]
-        tokens, logprobs = self.sampler.sample(logits, rows)
-        for (s, _), tok, lp in zip(picks, tokens, logprobs):
+        rows = torch.tensor(row_ids, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))       # [M, V] float32
+        self._sample_plain(result, [(s, o) for s, o, n in spans if n == 1], logits)
+        originals = {s.request_id: s for s in plan.seqs}
+        for s, o, n in spans:
+            if n > 1:
+                self._verify(result, originals[s.request_id], drafts[s.request_id], logits[o:o + n])
+        if self.spec is not None:
+            self.spec.hints(plan, result)
+        return result
+
+    def _sample_plain(self, result: StepResult, chosen: list, logits: torch.Tensor) -> None:
+        if not chosen:
+            return
+        idx = torch.tensor([o for _, o in chosen], dtype=torch.long, device=self.device)
+        rows = [SampleRow(s.request_id, s.sampling_params, s.num_output_tokens, s.stop_token_ids) for s, _ in chosen]
+        tokens, logprobs = self.sampler.sample(logits.index_select(0, idx), rows)
+        for (s, _), tok, lp in zip(chosen, tokens, logprobs):
             result.sampled_token_ids[s.request_id] = [tok]
             if lp is not None:
                 result.logprobs[s.request_id] = [lp]
-        return result
+
+    def _verify(self, result: StepResult, seq, draft, logits: torch.Tensor) -> None:
+        rid = seq.request_id
+        out, lps = self.spec.verify(seq, draft, logits)
+        result.sampled_token_ids[rid] = out
+        result.num_draft_tokens[rid] = len(draft.tokens)
+        result.num_accepted_tokens[rid] = len(out) - 1
+        if lps is not None:
+            result.logprobs[rid] = lps
+        self.spec.settle(seq, len(out) - 1)
 
     @torch.inference_mode()
     def forward_logits(self, plan: StepPlan) -> dict[str, torch.Tensor]:
@@ -59,6 +93,9 @@ class ModelRunner:
         return {s.request_id: logits[r:r + s.num_tokens] for s, r in zip(inputs.seqs, inputs.row_starts)}
 
     def release(self, request_ids: list[str]) -> None:
-        """Forget per-request state (sampling generators) of finished requests."""
+        """Forget per-request state (sampling generators, proposer indexes) of finished requests."""
         for rid in request_ids:
             self.sampler.release(rid)
+            if self.spec is not None:
+                self.spec.release(rid)
+

@@ -21,13 +21,15 @@ from tandem.kv import KVCacheManager
 from tandem.sched.budget import StaticBudget, TokenBudget
 from tandem.sched.ordering import Ordering, make_ordering
 from tandem.sched.preemption import choose_victim
-from tandem.types import (FinishReason, Request, RequestStatus, ScheduledSeq, SeqUpdate, StepPlan,
+from tandem.sched.spec_length import DraftLengthPolicy
+from tandem.types import (FinishReason, Request, RequestStatus, ScheduledSeq, SeqUpdate, SpecStats, StepPlan,
                           StepResult)
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
-                 ordering: Ordering | None = None, budget: TokenBudget | None = None) -> None:
+                 ordering: Ordering | None = None, budget: TokenBudget | None = None,
+                 spec_policy: DraftLengthPolicy | None = None, max_draft_tokens: int = 0) -> None:
         if config.max_model_len > kv.num_blocks * kv.block_size:
             raise ConfigError(f"max_model_len {config.max_model_len} exceeds the KV cache "
                               f"({kv.num_blocks * kv.block_size} tokens): a long request could never run")
@@ -35,6 +37,10 @@ class Scheduler:
         self.kv = kv
         self.ordering = ordering or make_ordering(config.policy)
         self.budget = budget or StaticBudget(config.max_num_batched_tokens)
+        self.spec_policy = spec_policy
+        self.max_draft_tokens = max_draft_tokens if spec_policy is not None else 0
+        self._step_started: float | None = None
+        self.spec_stats = SpecStats()          # engine-wide speculation counters
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []      # kept sorted by the ordering's key
         self.running: list[Request] = []      # in admission order
@@ -71,6 +77,8 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]
+        if self.spec_policy is not None:
+            self.spec_policy.forget(request.request_id)
 
     @property
     def num_waiting(self) -> int:
@@ -91,9 +99,41 @@ class Scheduler:
         budget = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks)
         plan = StepPlan()
         budget = self._schedule_running(plan, budget, now)
+        if self.max_draft_tokens:
+            budget = self._assign_drafts(plan, budget)
         if not plan.preempted_ids:
             self._schedule_waiting(plan, budget, now)
+        self._step_started = now
         return plan
+
+    def _assign_drafts(self, plan: StepPlan, budget: int) -> int:
+        """Let the draft-length policy give running decodes draft slots (within budget and KV)."""
+        seqs = [s for s in plan.seqs if s.num_tokens == 1 and s.sample]
+        if not seqs:
+            return budget
+        reqs = [self.requests[s.request_id] for s in seqs]
+        limits = [self._draft_limit(r) for r in reqs]
+        lengths = self.spec_policy.choose(reqs, limits, plan.num_tokens)
+        for seq, req, k in zip(seqs, reqs, lengths):
+            k = min(k, budget)
+            if k > 0 and not self.kv.can_allocate(req, k):
+                k = 0
+            if k > 0:
+                self.kv.allocate(req, k)
+                req.num_computed_tokens += k          # tentative: update() rolls back rejected slots
+                seq.num_draft_tokens = k
+                seq.block_ids = self.kv.block_ids(req.request_id)
+                self.num_scheduled_tokens += k
+                budget -= k
+            req.spec.chosen_lengths[k] = req.spec.chosen_lengths.get(k, 0) + 1
+            self.spec_stats.chosen_lengths[k] = self.spec_stats.chosen_lengths.get(k, 0) + 1
+        return budget
+
+    def _draft_limit(self, r: Request) -> int:
+        """Most draft tokens worth verifying for r: its proposer's offer and its remaining room."""
+        room = min(r.max_tokens - r.num_output_tokens, self.config.max_model_len - r.num_tokens) - 1
+        offer = self.max_draft_tokens if r.draft_available is None else r.draft_available
+        return max(0, min(self.max_draft_tokens, offer, room))
 
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
         i = 0
@@ -149,6 +189,7 @@ class Scheduler:
             sampling_params=request.sampling_params,
             num_output_tokens=request.num_output_tokens,
             stop_token_ids=request.stop_token_ids,
+            history=request.token_ids,
         ))
         request.num_computed_tokens = start + num_new
         self.num_scheduled_tokens += num_new
@@ -168,9 +209,12 @@ class Scheduler:
 
     def update(self, plan: StepPlan, result: StepResult, now: float) -> list[SeqUpdate]:
         """Append the step's sampled tokens; finish requests that hit a stop condition."""
+        self._observe_step(plan, result, now)
         updates = []
         for seq in plan.seqs:
             request = self.requests.get(seq.request_id)
+            if request is not None and seq.num_draft_tokens:
+                self._settle_drafts(request, seq, result)
             new_ids = result.sampled_token_ids.get(seq.request_id)
             if request is None or not new_ids:
                 continue
@@ -182,6 +226,28 @@ class Scheduler:
                 self.finish_request(request, reason)
             updates.append(SeqUpdate(request, accepted, reason is not None))
         return updates
+
+    def _settle_drafts(self, request: Request, seq: ScheduledSeq, result: StepResult) -> None:
+        """Keep the KV of accepted drafts only; feed the outcome to the length policy."""
+        rid = request.request_id
+        drafted = result.num_draft_tokens.get(rid, 0)
+        accepted = result.num_accepted_tokens.get(rid, 0)
+        request.num_computed_tokens = seq.start + seq.num_tokens + accepted
+        self.kv.truncate(request, request.num_computed_tokens)
+        pruned = result.num_pruned_tokens.get(rid, 0)
+        request.spec.record(drafted, accepted, pruned)
+        self.spec_stats.record(drafted, accepted, pruned)
+        self.spec_policy.observe_request(request, drafted, accepted)
+
+    def _observe_step(self, plan: StepPlan, result: StepResult, now: float) -> None:
+        for rid, n in result.draft_available.items():
+            if rid in self.requests:
+                self.requests[rid].draft_available = n
+        if self.spec_policy is None or self._step_started is None:
+            return
+        unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
+        self.spec_policy.observe_step(plan.num_tokens - unused, now - self._step_started)
+        self._step_started = None
 
     def _append_tokens(self, request: Request, new_ids: list[int]) -> tuple[list[int], FinishReason | None]:
         params = request.sampling_params

@@ -1,0 +1,197 @@
+"""Per-request draft lengths for speculative decoding (FASER's length policy and its baselines).
+
+Decided inside `Scheduler.schedule()` and charged to the step's token budget, so the engine and
+the simulator see the same decision. Pure Python: time arrives as step durations measured by the
+caller (`observe_step`), never from a clock.
+
+Adaptive (FASER): request i with per-position acceptance estimates a_i(m) and draft length k
+expects E_i(k) = sum_{j<=k} prod_{m<=j} a_i(m) accepted tokens (+1 the target always adds). The
+policy picks k_i (0 allowed) to maximise  sum_i (1 + E_i(k_i)) / step_time(T + sum_i k_i), where T
+is the step's tokens without drafts and step_time comes from a cost model learned online from
+the engine's own steps. Adding one draft token to request i gains prod_{m<=k_i+1} a_i(m) tokens
+and costs step_time(T+1) - step_time(T); the gains of one request shrink with k, so adding the
+best remaining token while it pays is optimal for a cost that is linear between profile points.
+A dead band keeps last step's lengths unless the new choice is clearly better (no flapping).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Protocol
+
+from tandem.sched.cost_model import StepCostModel
+from tandem.types import Request
+
+
+class DraftLengthPolicy(Protocol):
+    def choose(self, requests: list[Request], limits: list[int], num_base_tokens: int) -> list[int]:
+        """Draft length for each request (<= its limit), given the step's tokens without drafts."""
+        ...
+
+    def observe_step(self, num_tokens: int, duration_s: float) -> None: ...
+
+    def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+
+class _NoLearning:
+    def observe_step(self, num_tokens: int, duration_s: float) -> None:
+        pass
+
+    def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        pass
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+
+class NoSpeculation(_NoLearning):
+    def choose(self, requests, limits, num_base_tokens):
+        return [0] * len(requests)
+
+
+class FixedLength(_NoLearning):
+    """Every request drafts `k` tokens (fewer if its proposer or its remaining length has fewer)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, requests, limits, num_base_tokens):
+        return [min(self.k, lim) for lim in limits]
+
+
+class BatchSizeTable(_NoLearning):
+    """vLLM-style dynamic SD: the decode batch size picks one length for all, with hysteresis.
+
+    `table` is ((min_batch_size, length), ...). The row changes only when the decode-only batch
+    size moves `hysteresis` (a fraction) beyond the row's bounds, so sizes hovering at a threshold
+    do not flip the length every step.
+    """
+
+    def __init__(self, table: tuple[tuple[int, int], ...], hysteresis: float = 0.25) -> None:
+        self.table = sorted(table)
+        self.hysteresis = hysteresis
+        self.row: int | None = None
+
+    def _row_for(self, b: int) -> int:
+        row = 0
+        for i, (min_b, _) in enumerate(self.table):
+            if b >= min_b:
+                row = i
+        return row
+
+    def choose(self, requests, limits, num_base_tokens):
+        b = len(requests)
+        if not b:
+            return []
+        target = self._row_for(b)
+        if self.row is None or target == self.row:
+            self.row = target
+        else:
+            lo = self.table[self.row][0]
+            hi = self.table[self.row + 1][0] if self.row + 1 < len(self.table) else None
+            if b < lo * (1 - self.hysteresis) or (hi is not None and b >= hi * (1 + self.hysteresis)):
+                self.row = target
+        k = self.table[self.row][1]
+        return [min(k, lim) for lim in limits]
+
+
+class AcceptanceModel:
+    """Per-position acceptance estimates of each request, pooled with the global average.
+
+    a_i(m) = (accepted_i(m) + w * global(m)) / (drafted_i(m) + w): a new request starts at the
+    global estimate and moves to its own history as it accumulates; counts decay so that a
+    request whose text changes character (copying, then free writing) is followed.
+    """
+
+    def __init__(self, max_len: int, prior: float = 0.5, weight: float = 2.0, decay: float = 0.9) -> None:
+        self.max_len = max_len
+        self.weight = weight
+        self.decay = decay
+        self.global_acc = [prior] * max_len
+        self._acc: dict[str, list[float]] = {}
+        self._n: dict[str, list[float]] = {}
+
+    def estimates(self, request_id: str) -> list[float]:
+        acc, n = self._acc.get(request_id), self._n.get(request_id)
+        if acc is None:
+            return list(self.global_acc)
+        w, g = self.weight, self.global_acc
+        return [(acc[m] + w * g[m]) / (n[m] + w) for m in range(self.max_len)]
+
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        acc = self._acc.setdefault(request_id, [0.0] * self.max_len)
+        n = self._n.setdefault(request_id, [0.0] * self.max_len)
+        # Draft m+1 was judged only if drafts 1..m were accepted.
+        for m in range(min(num_drafted, num_accepted + 1, self.max_len)):
+            hit = 1.0 if m < num_accepted else 0.0
+            acc[m] = acc[m] * self.decay + hit
+            n[m] = n[m] * self.decay + 1.0
+            self.global_acc[m] += 0.02 * (hit - self.global_acc[m])
+
+    def forget(self, request_id: str) -> None:
+        self._acc.pop(request_id, None)
+        self._n.pop(request_id, None)
+
+
+class AdaptiveLength:
+    """FASER's per-request, load-aware draft length (see the module docstring)."""
+
+    def __init__(self, max_len: int, cost: StepCostModel, dead_band: float = 0.02, prior: float = 0.5) -> None:
+        self.max_len = max_len
+        self.cost = cost
+        self.dead_band = dead_band
+        self.acceptance = AcceptanceModel(max_len, prior=prior)
+        self._last: dict[str, int] = {}
+
+    def choose(self, requests, limits, num_base_tokens):
+        if not requests:
+            return []
+        est = [self.acceptance.estimates(r.request_id) for r in requests]
+        best = self._greedy(est, limits, num_base_tokens)
+        last = [min(self._last.get(r.request_id, 0), lim) for r, lim in zip(requests, limits)]
+        if last != best and self._value(est, last, num_base_tokens) >= \
+                self._value(est, best, num_base_tokens) * (1 - self.dead_band):
+            best = last
+        for r, k in zip(requests, best):
+            self._last[r.request_id] = k
+        return best
+
+    def _greedy(self, est: list[list[float]], limits: list[int], base: int) -> list[int]:
+        ks = [0] * len(est)
+        survive = [1.0] * len(est)                  # prod_{m <= k_i} a_i(m)
+        heap = [(-e[0], i) for i, e in enumerate(est) if limits[i] > 0]
+        heapq.heapify(heap)
+        tokens, gain, t = base, float(len(est)), self.cost.time(base)
+        while heap:
+            neg, i = heapq.heappop(heap)
+            delta = -neg
+            t_next = self.cost.time(tokens + 1)
+            if (gain + delta) * t <= gain * t_next:  # the best remaining token does not pay: stop
+                break
+            ks[i] += 1
+            survive[i] = delta
+            tokens, gain, t = tokens + 1, gain + delta, t_next
+            if ks[i] < limits[i]:
+                heapq.heappush(heap, (-(survive[i] * est[i][ks[i]]), i))
+        return ks
+
+    def _value(self, est: list[list[float]], ks: list[int], base: int) -> float:
+        gain = 0.0
+        for e, k in zip(est, ks):
+            p = 1.0
+            for m in range(k):
+                p *= e[m]
+                gain += p
+        return (len(est) + gain) / self.cost.time(base + sum(ks))
+
+    def observe_step(self, num_tokens: int, duration_s: float) -> None:
+        self.cost.observe(num_tokens, duration_s)
+
+    def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        self.acceptance.observe(request.request_id, num_drafted, num_accepted)
+
+    def forget(self, request_id: str) -> None:
+        self.acceptance.forget(request_id)
+        self._last.pop(request_id, None)

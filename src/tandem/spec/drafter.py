@@ -1,0 +1,91 @@
+"""Model-based drafting: a small draft model with its own paged KV, or layer-skip self-speculation.
+
+Both draft k tokens autoregressively for a batch of requests, one forward pass per draft position
+(pass j carries every request that drafts at least j tokens). A separate draft model keeps its
+own KV in tensors shaped for it but indexed by the target's block tables (the scheduler already
+reserved the slots), and catches up lazily: its first pass for a request feeds every committed
+token it has not seen yet. Layer-skip runs the target's first L layers plus the final norm and
+LM head, writing those layers' KV into the target's own cache (the verification pass rewrites
+the same values), so it never needs to catch up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tandem.models.llama import LlamaModel
+from tandem.runner.attention import AttentionBackend
+from tandem.runner.inputs import build_inputs
+from tandem.runner.sampler import SampleRow, Sampler, apply_min_tokens, warp_probs
+from tandem.types import ScheduledSeq, StepPlan
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None = None     # [k, V] draft distribution (sampled requests); None: greedy / one-hot
+
+
+class ModelDrafter:
+    def __init__(self, model: LlamaModel, attn: AttentionBackend, block_size: int, device: torch.device,
+                 sampler: Sampler, num_layers: int | None = None, shares_target_kv: bool = False) -> None:
+        self.model = model
+        self.attn = attn
+        self.block_size = block_size
+        self.device = device
+        self.sampler = sampler
+        self.num_layers = num_layers
+        self.shares_target_kv = shares_target_kv
+        self._computed: dict[str, int] = {}     # positions whose draft KV is valid (own-KV drafters)
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[ScheduledSeq], ks: list[int]) -> dict[str, Draft]:
+        drafts = {s.request_id: Draft([], [] if not s.sampling_params.greedy else None) for s in seqs}
+        last_pos = {s.request_id: s.start + s.num_tokens - 1 for s in seqs}
+        for j in range(max(ks, default=0)):
+            batch = [(s, k) for s, k in zip(seqs, ks) if k > j]
+            pass_seqs = [self._pass_seq(s, drafts[s.request_id].tokens, last_pos[s.request_id], j) for s, _ in batch]
+            inputs = build_inputs(StepPlan(pass_seqs), self.block_size, self.device, self.attn.kernel is not None)
+            hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta, self.num_layers)
+            rows = torch.tensor([r + s.num_tokens - 1 for s, r in zip(inputs.seqs, inputs.row_starts)],
+                                device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows))
+            order = {s.request_id: i for i, s in enumerate(inputs.seqs)}
+            for s, _ in batch:
+                self._extend(drafts[s.request_id], s, logits[order[s.request_id]], j)
+        for s, k in zip(seqs, ks):
+            if not self.shares_target_kv and k > 0:
+                self._computed[s.request_id] = last_pos[s.request_id] + k
+        for d in drafts.values():
+            if isinstance(d.probs, list):
+                d.probs = torch.stack(d.probs) if d.probs else None
+        return drafts
+
+    def _pass_seq(self, s: ScheduledSeq, tokens: list[int], p: int, j: int) -> ScheduledSeq:
+        if j == 0:
+            start = p if self.shares_target_kv else min(self._computed.get(s.request_id, 0), p)
+            ids = s.history[start:p + 1]
+        else:
+            start, ids = p + j, [tokens[-1]]
+        return ScheduledSeq(s.request_id, ids, start, s.block_ids, True, s.sampling_params,
+                            s.num_output_tokens + j, s.stop_token_ids)
+
+    def _extend(self, draft: Draft, s: ScheduledSeq, logits: torch.Tensor, j: int) -> None:
+        row = SampleRow(s.request_id, s.sampling_params, s.num_output_tokens + j, s.stop_token_ids)
+        logits = apply_min_tokens(logits.unsqueeze(0), [row])[0]
+        if s.sampling_params.greedy:
+            draft.tokens.append(int(logits.argmax()))
+            return
+        q = warp_probs(logits, s.sampling_params)
+        draft.tokens.append(Sampler.draw(q, self.sampler.generator_for(row)))
+        draft.probs.append(q)
+
+    def settle(self, request_id: str, num_computed: int) -> None:
+        """The target kept KV for `num_computed` tokens: draft KV past them is void."""
+        if request_id in self._computed:
+            self._computed[request_id] = min(self._computed[request_id], num_computed)
+
+    def release(self, request_id: str) -> None:
+        self._computed.pop(request_id, None)

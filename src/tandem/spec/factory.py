@@ -1,0 +1,58 @@
+"""Build the speculation pieces an engine needs from a `SpecConfig`: the executor-side decoder
+(proposer + verifier) and the scheduler-side draft-length policy."""
+
+from __future__ import annotations
+
+from tandem.config import SpecConfig
+from tandem.errors import ConfigError
+from tandem.sched.cost_model import StepCostModel
+from tandem.sched.spec_length import (AdaptiveLength, BatchSizeTable, DraftLengthPolicy, FixedLength,
+                                      NoSpeculation)
+from tandem.spec.decoder import SpecDecoder
+from tandem.spec.drafter import ModelDrafter
+from tandem.spec.ngram import NgramProposer
+
+
+def make_length_policy(cfg: SpecConfig, cost: StepCostModel | None = None) -> DraftLengthPolicy:
+    if cfg.policy == "adaptive":
+        return AdaptiveLength(cfg.max_draft_tokens, cost or StepCostModel())
+    if cfg.policy == "fixed":
+        return FixedLength(cfg.max_draft_tokens)
+    if cfg.policy == "table":
+        return BatchSizeTable(cfg.length_table)
+    return NoSpeculation()
+
+
+def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None, load_draft=None) -> SpecDecoder:
+    """`runner` is the target's ModelRunner; `load_draft(path) -> (LlamaModel, Tokenizer)` loads a draft model."""
+    if cfg.method == "ngram":
+        return SpecDecoder(NgramProposer(cfg.ngram_min, cfg.ngram_max, cfg.max_draft_tokens), runner.sampler)
+    model = runner.model
+    if cfg.method == "layerskip":
+        n = cfg.num_draft_layers or max(1, model.cfg.num_layers // 4)
+        if n >= model.cfg.num_layers:
+            raise ConfigError(f"num_draft_layers {n} must be below the target's {model.cfg.num_layers} layers")
+        drafter = ModelDrafter(model, runner.attn, runner.block_size, runner.device, runner.sampler,
+                               num_layers=n, shares_target_kv=True)
+        return SpecDecoder(drafter, runner.sampler)
+    draft_model, draft_tok = load_draft(cfg.draft_model)
+    _check_same_vocabulary(draft_model.cfg.vocab_size, target_vocab, draft_tok, tokenizer)
+    from tandem.runner.attention import AttentionBackend, PagedKVCache
+
+    dc = draft_model.cfg
+    cache = PagedKVCache(dc.num_layers, runner.cache.num_blocks, runner.block_size, dc.num_kv_heads, dc.head_dim,
+                         draft_model.dtype, runner.device)
+    draft_model.ops = model.ops
+    attn = AttentionBackend(cache, dc.num_heads, dc.num_kv_heads, dc.head_dim, model.ops)
+    drafter = ModelDrafter(draft_model, attn, runner.block_size, runner.device, runner.sampler)
+    return SpecDecoder(drafter, runner.sampler)
+
+
+def _check_same_vocabulary(draft_vocab: int, target_vocab: int, draft_tok, target_tok) -> None:
+    if draft_vocab != target_vocab:
+        raise ConfigError(f"the draft model's vocabulary ({draft_vocab}) differs from the target's ({target_vocab})")
+    if draft_tok is not None and target_tok is not None:
+        probe = "Speculative decoding: 1234 + 5678 = ?\n"
+        if draft_tok.encode(probe) != target_tok.encode(probe) or \
+                draft_tok.hf.get_vocab() != target_tok.hf.get_vocab():
+            raise ConfigError("the draft model's tokenizer differs from the target's")

@@ -1,0 +1,98 @@
+"""The draft-length policies: FASER's adaptive controller pays only when speculation pays, gives
+longer drafts to requests that keep accepting, and does not flap; the baselines do what they say."""
+
+from __future__ import annotations
+
+from tandem.sampling_params import SamplingParams
+from tandem.sched.cost_model import StepCostModel
+from tandem.sched.spec_length import AdaptiveLength, BatchSizeTable, FixedLength
+from tandem.types import Request
+
+
+def reqs(n: int) -> list[Request]:
+    return [Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=100)) for i in range(n)]
+
+
+def teach(policy: AdaptiveLength, r: Request, drafted: int, accepted: int, times: int = 20) -> None:
+    for _ in range(times):
+        policy.observe_request(r, drafted, accepted)
+
+
+def flat_cost() -> StepCostModel:
+    """Memory-bound regime: a step costs about the same whatever its size (low load on a big machine)."""
+    return StepCostModel(profile=[(1, 0.030), (8, 0.031), (16, 0.032), (64, 0.034)])
+
+
+def steep_cost() -> StepCostModel:
+    """Compute-bound regime: every extra token costs as much as a whole request's decode."""
+    return StepCostModel(profile=[(1, 0.030), (8, 0.24), (16, 0.48), (64, 1.92)])
+
+
+def test_zero_drafts_when_verification_costs_more_than_it_returns():
+    policy = AdaptiveLength(8, steep_cost())
+    rs = reqs(16)
+    for r in rs:
+        teach(policy, r, 4, 1)                       # mediocre acceptance
+    assert policy.choose(rs, [8] * 16, num_base_tokens=16) == [0] * 16
+
+
+def test_longer_drafts_for_requests_that_keep_accepting():
+    policy = AdaptiveLength(8, flat_cost())
+    good, bad = reqs(2)
+    teach(policy, good, 8, 8)
+    teach(policy, bad, 8, 0)
+    k_good, k_bad = policy.choose([good, bad], [8, 8], num_base_tokens=2)
+    assert k_good == 8 and k_bad < k_good
+    # Same history, steep cost: the good request may still pay; the bad one never does.
+    policy.cost = steep_cost()
+    policy._last.clear()
+    k_good2, k_bad2 = policy.choose([good, bad], [8, 8], num_base_tokens=2)
+    assert k_bad2 == 0 and k_good2 <= k_good
+
+
+def test_lengths_respect_limits():
+    policy = AdaptiveLength(8, flat_cost())
+    rs = reqs(3)
+    for r in rs:
+        teach(policy, r, 8, 8)
+    assert policy.choose(rs, [0, 2, 8], num_base_tokens=3) == [0, 2, 8]
+
+
+def test_no_flapping_under_steady_load():
+    """Acceptance noise around a steady mean must not flip lengths step to step."""
+    policy = AdaptiveLength(8, StepCostModel(profile=[(1, 0.03), (8, 0.04), (16, 0.06), (32, 0.1), (64, 0.2)]))
+    rs = reqs(8)
+    for r in rs:
+        teach(policy, r, 6, 3)
+    history = []
+    for step in range(60):
+        for i, r in enumerate(rs):                    # accepted 2, 3 or 4 of 6: the same mean
+            policy.observe_request(r, 6, 2 + (step + i) % 3)
+        history.append(tuple(policy.choose(rs, [8] * 8, num_base_tokens=8)))
+    changes = sum(a != b for a, b in zip(history, history[1:]))
+    assert changes <= 6, f"{changes} changes in 60 steady steps"
+
+
+def test_cost_model_learns_online_and_is_monotone():
+    cost = StepCostModel(base_s=0.5, per_token_s=0.5)     # a bad prior
+    for _ in range(50):
+        for n, t in [(1, 0.03), (4, 0.032), (16, 0.05), (64, 0.15)]:
+            cost.observe(n, t)
+    assert abs(cost.time(1) - 0.03) < 0.005 and abs(cost.time(64) - 0.15) < 0.01
+    times = [cost.time(n) for n in range(1, 100)]
+    assert all(a <= b + 1e-12 for a, b in zip(times, times[1:]))
+
+
+def test_fixed_length_is_capped_by_limits():
+    assert FixedLength(4).choose(reqs(3), [8, 2, 0], 3) == [4, 2, 0]
+
+
+def test_batch_size_table_uses_hysteresis():
+    table = BatchSizeTable(((1, 8), (4, 4), (16, 1), (32, 0)), hysteresis=0.25)
+    assert table.choose(reqs(2), [8] * 2, 2) == [8, 8]
+    assert table.choose(reqs(4), [8] * 4, 4) == [8] * 4          # 4 < 4 * 1.25: stays on the row
+    assert table.choose(reqs(5), [8] * 5, 5) == [4] * 5          # 5 >= 4 * 1.25: moves
+    assert table.choose(reqs(4), [8] * 4, 4) == [4] * 4
+    assert table.choose(reqs(3), [8] * 3, 3) == [4] * 3          # 3 >= 4 * 0.75: stays
+    assert table.choose(reqs(2), [8] * 2, 2) == [8] * 2          # 2 < 3: back
+    assert table.choose(reqs(40), [8] * 40, 40) == [0] * 40
