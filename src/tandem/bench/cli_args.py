@@ -1,0 +1,122 @@
+"""Command-line arguments of `tandem bench serve`, and the command itself (kept out of cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Callable
+
+DEFAULT_NUM_REQUESTS = 100
+DESCRIPTION = """Load generator for any OpenAI-compatible endpoint (Tandem, vLLM, llama.cpp, ...).
+
+    tandem bench serve --url http://127.0.0.1:8000 (--rate R | --rates R1,R2 | --concurrency C)
+        [--duration S | --num-requests N] [--arrival poisson|gamma|diurnal|TRACE] [--burstiness CV]
+        [--dataset prompts|sharegpt|humaneval|augmented[:TYPE]|FILE] [--endpoint chat|completions]
+        [--max-tokens N] [--goodput ttft:MS tpot:MS e2el:MS] [--json PATH] [--plots DIR]
+"""
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if value <= 0 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"a rate must be positive, got {text}")
+    return value
+
+
+def _rates(text: str) -> list[float]:
+    return [_rate(x) for x in text.split(",") if x.strip()]
+
+
+def add_serve_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    s = bsub.add_parser("serve", help="load generator for any OpenAI-compatible endpoint",
+                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
+    s.add_argument("--model", default=None, help="model name to send (default: the first /v1/models lists)")
+    s.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    load = s.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=_rate, help="requests per second, open loop ('inf': all at once)")
+    load.add_argument("--rates", type=_rates, help="comma-separated rates to sweep, one run each")
+    load.add_argument("--concurrency", type=int, help="closed loop: this many requests in flight")
+    s.add_argument("--duration", type=float, default=None, help="seconds during which requests are sent")
+    s.add_argument("--num-requests", type=int, default=None,
+                   help=f"requests per run (default {DEFAULT_NUM_REQUESTS} unless --duration is given)")
+    s.add_argument("--arrival", default="poisson", help="poisson | gamma | diurnal | a CSV/JSONL trace file")
+    s.add_argument("--burstiness", type=float, default=None,
+                   help="gamma CV (>1 bursty); implies --arrival gamma")
+    s.add_argument("--peak-valley-ratio", type=float, default=10.0, help="diurnal arrivals: peak/valley rate")
+    s.add_argument("--dataset", default="prompts",
+                   help="prompts | sharegpt | humaneval | augmented[:TYPE] | a JSON/JSONL file")
+    s.add_argument("--tokenizer", default="auto",
+                   help="token counting for dataset filters: auto (default model's, if cached) | none | PATH")
+    s.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
+    s.add_argument("--max-tokens", type=int, default=None,
+                   help="override each item's output length (not a tool trace's)")
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (vLLM/Tandem extension)")
+    s.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
+                   help="SLOs: ttft:MS tpot:MS e2el:MS")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--timeout", type=float, default=600.0, help="per-call timeout in seconds")
+    s.add_argument("--json", default=None, help="write config, figures and per-request records here")
+    s.add_argument("--plots", default=None, help="write PNG plots into this directory")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_bench_serve)
+    return s
+
+
+def token_counter(spec: str) -> tuple[Callable[[str], int] | None, str]:
+    """A token counter from a tokenizer.json (file or directory), and a description for the results."""
+    if spec == "none":
+        return None, "estimate"
+    if spec == "auto":
+        from tandem.models.fetch import DEFAULT_MODEL, cache_dir
+
+        path = cache_dir() / "models" / DEFAULT_MODEL / "tokenizer.json"
+        if not path.is_file():
+            return None, "estimate"
+    else:
+        path = Path(spec).expanduser()
+        path = path / "tokenizer.json" if path.is_dir() else path
+        if not path.is_file():
+            raise ValueError(f"no tokenizer.json at {spec}")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    return (lambda text: len(tok.encode(text, add_special_tokens=False).ids)), str(path)
+
+
+def config_from_args(a: argparse.Namespace):
+    from tandem.bench.serve import ServeBenchConfig
+    from tandem.bench.serve_metrics import parse_goodput
+
+    rates = a.rates or ([a.rate] if a.rate is not None else [])
+    num = a.num_requests if (a.num_requests is not None or a.duration is not None) else DEFAULT_NUM_REQUESTS
+    arrival = "gamma" if a.burstiness is not None and a.arrival == "poisson" else a.arrival
+    return ServeBenchConfig(
+        url=a.url, dataset=a.dataset, model=a.model, endpoint=a.endpoint, rates=rates,
+        concurrency=a.concurrency,
+        num_requests=num, duration_s=a.duration, arrival=arrival, burstiness=a.burstiness or 1.0,
+        peak_valley_ratio=a.peak_valley_ratio, max_tokens=a.max_tokens, temperature=a.temperature,
+        ignore_eos=a.ignore_eos, slos_ms=parse_goodput(a.goodput), seed=a.seed, api_key=a.api_key,
+        timeout_s=a.timeout, json_path=a.json, plots_dir=a.plots, progress=not a.no_progress)
+
+
+def cmd_bench_serve(a: argparse.Namespace) -> int:
+    from tandem.bench.serve import bench_serve
+
+    try:
+        cfg = config_from_args(a)
+        count, counter_name = token_counter(a.tokenizer)
+        data = bench_serve(cfg, count, counter_name)
+    except ValueError as e:
+        print(f"tandem bench serve: error: {e}", file=sys.stderr)
+        return 2
+    failed = sum(run["summary"]["failed"] for run in data["runs"])
+    completed = sum(run["summary"]["completed"] for run in data["runs"])
+    if a.json:
+        print(f"results written to {a.json}")
+    for p in data.get("plots", []):
+        print(f"plot written to {p}")
+    return 1 if completed == 0 and failed > 0 else 0
