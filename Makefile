@@ -1,11 +1,14 @@
-# Tandem: `make run` (install, fetch the default model, generate) and `make test`.
+# Tandem: `make serve` (install, fetch the default model, start the OpenAI-compatible server),
+# `make run` (the same, but generate once from a sample prompt) and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PROMPT ?= Explain in two sentences why the sky is blue.
+HOST ?= 127.0.0.1
+PORT ?= 8000
 
-.PHONY: install run fetch test test-fast bench clean
+.PHONY: install serve run fetch test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +21,9 @@ install: $(STAMP)
 
 fetch: install
 	$(BIN)/tandem model fetch
+
+serve: fetch
+	$(BIN)/tandem serve --host $(HOST) --port $(PORT)
 
 run: fetch
 	$(BIN)/tandem generate --chat "$(PROMPT)" --max-tokens 96

@@ -1,8 +1,10 @@
 """`tandem`: command-line entry point.
 
+    tandem serve [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--model PATH]
     tandem generate "prompt" [--chat] [--max-tokens N] [--temperature T] [--model PATH]
     tandem model fetch [--model PATH]
     tandem bench offline [--concurrency 1,32] [--repeats 3] [--json PATH]
+    tandem bench serve --url URL (--rate R | --rates R1,R2 | --concurrency C) [--dataset D] [--json PATH]
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import logging
 import sys
 
+from tandem.bench.cli_args import add_serve_parser
 from tandem.errors import TandemError
 
 
@@ -54,6 +57,30 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def served_model_name(model: str | None) -> str:
+    """The default name a server answers to: the model directory's name (a GGUF file's stem)."""
+    from pathlib import Path
+
+    from tandem.models.fetch import DEFAULT_MODEL
+
+    if model is None:
+        return DEFAULT_MODEL
+    path = Path(model).expanduser()
+    return path.stem if path.suffix == ".gguf" else path.resolve().name
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from tandem.engine.async_engine import AsyncLLMEngine
+    from tandem.server.launch import serve
+
+    llm = _make_llm(a)
+    engine = AsyncLLMEngine(llm.engine, max_waiting=a.max_waiting)
+    serve(engine, a.served_model_name or served_model_name(a.model), host=a.host, port=a.port, api_key=a.api_key,
+          max_request_bytes=a.max_request_bytes, max_tokens_limit=a.max_tokens_limit,
+          drain_timeout_s=a.drain_timeout, log_level="debug" if a.verbose else "info")
+    return 0
+
+
 def cmd_model_fetch(a: argparse.Namespace) -> int:
     from tandem.models.fetch import resolve_model
 
@@ -79,6 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, models, metrics)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default: local only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the model directory's name; 'default' also works)")
+    s.add_argument("--max-waiting", type=int, default=256, help="waiting requests before answering 503")
+    s.add_argument("--max-request-bytes", type=int, default=2 * 2**20, help="larger request bodies get 413")
+    s.add_argument("--max-tokens-limit", type=int, default=4096, help="the largest max_tokens a request may ask")
+    s.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds to let in-flight requests finish on SIGTERM")
+    _model_args(s)
+    s.set_defaults(func=cmd_serve)
 
     g = sub.add_parser("generate", help="generate text from one prompt")
     g.add_argument("prompt")
@@ -106,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", default=None, help="write the figures to this JSON file")
     _model_args(o)
     o.set_defaults(func=cmd_bench_offline)
+    add_serve_parser(bsub)
     return p
 
 

@@ -48,7 +48,8 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                "stop_token_ids must be non-negative integers")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", "seed must be an integer")
+        _check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64), "seed",
+               "seed must be an integer in [-2**63, 2**64)")
 
     @property
     def greedy(self) -> bool:

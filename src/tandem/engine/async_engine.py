@@ -79,6 +79,11 @@ class AsyncLLMEngine:
         return self.engine.tokenizer
 
     @property
+    def is_running(self) -> bool:
+        """True while the engine thread is alive."""
+        return self._thread.is_alive()
+
+    @property
     def num_pending(self) -> int:
         return self._num_pending
 
@@ -138,6 +143,7 @@ class AsyncLLMEngine:
         while not self._stop.is_set():
             self._apply_commands(block=not self.engine.has_unfinished_requests())
             if not self.engine.has_unfinished_requests():
+                self._stats = self.engine.stats()
                 continue
             try:
                 outputs = self.engine.step()

@@ -1,0 +1,136 @@
+"""`tandem bench spec`: speculative decoding policies across load levels, on the real engine.
+
+For each concurrency C a closed loop keeps C requests in flight (greedy, natural lengths) until
+`num_requests` complete, cycling through the prompt set; every policy runs the same requests
+(speculation is lossless, so outputs and lengths are identical). Policies are swapped on one
+loaded engine and interleaved within each repeat, so machine noise hits them alike; medians of
+repeats are reported. Figures: output tokens/s, TPOT p50/p99, acceptance rate, mean accepted
+length, draft-length histogram; plus a per-kind run at concurrency 1 and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tandem.bench.common import machine_info, median, percentile, write_json
+from tandem.config import SpecConfig
+from tandem.sampling_params import SamplingParams
+from tandem.spec.factory import make_length_policy
+from tandem.workload.prompts import load_prompt_set
+
+POLICIES = {
+    "no-sd": SpecConfig(policy="none"),
+    "fixed-2": SpecConfig(policy="fixed", max_draft_tokens=2),
+    "fixed-4": SpecConfig(policy="fixed", max_draft_tokens=4),
+    "fixed-8": SpecConfig(policy="fixed", max_draft_tokens=8),
+    "bs-table": SpecConfig(policy="table", max_draft_tokens=8),
+    "adaptive": SpecConfig(policy="adaptive", max_draft_tokens=8),
+}
+
+
+def use_policy(llm, cfg: SpecConfig) -> None:
+    """Swap the draft-length policy on a loaded engine (the proposer stays)."""
+    sched = llm.engine.scheduler
+    sched.spec_policy = make_length_policy(cfg)
+    sched.max_draft_tokens = 0 if cfg.policy == "none" else cfg.max_draft_tokens
+    sched.spec_stats = type(sched.spec_stats)()
+
+
+def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, num_requests: int) -> dict[str, Any]:
+    eng = llm.engine
+    pending = [items[i % len(items)] for i in range(num_requests)]
+    kinds: dict[str, str] = {}
+    records = []
+    t0 = time.perf_counter()
+    in_flight = 0
+    while pending or in_flight:
+        while pending and in_flight < concurrency:
+            kind, ids, max_tokens = pending.pop(0)
+            rid = eng.add_request(prompt_token_ids=ids, params=SamplingParams(max_tokens=max_tokens, temperature=0))
+            kinds[rid] = kind
+            in_flight += 1
+        for out in eng.step():
+            if out.finished:
+                in_flight -= 1
+                m = out.metrics
+                n = len(out.token_ids)
+                records.append({"kind": kinds.pop(out.request_id), "output_tokens": n, "ttft_s": m.ttft,
+                                "e2e_s": m.e2e_latency,
+                                "tpot_s": (m.e2e_latency - m.ttft) / (n - 1) if n > 1 else None,
+                                "spec": m.extra.get("spec")})
+    wall = time.perf_counter() - t0
+    stats = eng.scheduler.spec_stats
+    tpots = [r["tpot_s"] for r in records if r["tpot_s"] is not None]
+    return {"output_tok_s": sum(r["output_tokens"] for r in records) / wall, "wall_s": wall,
+            "tpot_p50_ms": 1e3 * percentile(tpots, 50), "tpot_p99_ms": 1e3 * percentile(tpots, 99),
+            "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
+            "num_draft_tokens": stats.num_draft_tokens, "chosen_lengths": dict(sorted(stats.chosen_lengths.items())),
+            "records": records}
+
+
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("output_tok_s", "tpot_p50_ms", "tpot_p99_ms", "acceptance_rate", "mean_accepted_length")
+    out = {k: median([r[k] for r in runs if r[k] is not None]) for k in keys}
+    out["chosen_lengths"] = runs[-1]["chosen_lengths"]
+    out["runs"] = [{k: v for k, v in r.items() if k != "records"} for r in runs]
+    return out
+
+
+def bench_spec(llm, concurrencies: list[int], policies: list[str], repeats: int, requests_per_point: int,
+               kinds: list[str] | None, kind_requests: int, json_path: str | None, plot_path: str | None,
+               log=print) -> dict[str, Any]:
+    tok = llm.tokenizer
+    prompt_set = load_prompt_set()
+    items = [(p.kind, tok.apply_chat_template(p.messages), p.max_tokens) for p in prompt_set]
+    by_kind = {k: [it for it in items if it[0] == k] for k in sorted({it[0] for it in items})}
+    use_policy(llm, POLICIES["no-sd"])
+    run_point(llm, items[:1], 1, 1)                                     # warm-up
+    sweep: dict[str, dict[int, list]] = {p: {c: [] for c in concurrencies} for p in policies}
+    per_kind: dict[str, dict[str, list]] = {k: {p: [] for p in policies} for k in (kinds or [])}
+    for rep in range(repeats):
+        for c in concurrencies:
+            for p in policies:
+                use_policy(llm, POLICIES[p])
+                res = run_point(llm, items, c, max(requests_per_point, c))
+                sweep[p][c].append(res)
+                log(f"[{rep + 1}/{repeats}] C={c:<3} {p:<9} {res['output_tok_s']:7.1f} tok/s  "
+                    f"TPOT p50 {res['tpot_p50_ms']:6.1f} ms  accept {res['acceptance_rate']:.2f}")
+        for k in kinds or []:
+            for p in policies:
+                use_policy(llm, POLICIES[p])
+                res = run_point(llm, by_kind[k], 1, kind_requests)
+                per_kind[k][p].append(res)
+                log(f"[{rep + 1}/{repeats}] kind={k:<8} C=1 {p:<9} {res['output_tok_s']:7.1f} tok/s")
+    data = {"bench": "spec", "dataset": "prompts", "machine": machine_info(), "method": "ngram",
+            "concurrencies": concurrencies, "policies": policies,
+            "sweep": {p: {str(c): _summary(sweep[p][c]) for c in concurrencies} for p in policies},
+            "per_kind_c1": {k: {p: _summary(per_kind[k][p]) for p in policies} for k in per_kind}}
+    write_json(json_path, data)
+    if plot_path:
+        plot_sweep(data, Path(plot_path))
+    return data
+
+
+def plot_sweep(data: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in data["policies"]:
+        cs = data["concurrencies"]
+        ax.plot(cs, [data["sweep"][p][str(c)]["output_tok_s"] for c in cs], marker="o", label=p)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Speculative decoding policies vs load (n-gram drafts, shared prompt set)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

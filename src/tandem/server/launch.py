@@ -1,0 +1,47 @@
+"""Run the app under uvicorn: print how to reach it, serve, drain on SIGTERM, stop the engine.
+
+On SIGTERM (or Ctrl-C) uvicorn stops accepting connections and waits up to `drain_timeout_s` for
+in-flight requests (streams included) to finish; the app's lifespan then waits for the engine to
+drain and shuts the engine thread down. (uvicorn then re-raises the signal, so a SIGTERM'd server
+exits as killed by SIGTERM, after the drain.)
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import TextIO
+
+from tandem.engine.async_engine import AsyncLLMEngine
+from tandem.server.app import create_app
+
+
+def usage_banner(host: str, port: int, model_name: str, api_key: str | None) -> str:
+    """The URL and a curl example, as printed at start."""
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://{shown_host}:{port}"
+    auth = f" -H {shlex.quote('Authorization: Bearer ' + api_key)}" if api_key else ""
+    body = ('{"model": "%s", "messages": [{"role": "user", "content": "Why is the sky blue?"}], '
+            '"max_tokens": 64}' % model_name)
+    return (f"Tandem serving {model_name!r} at {url}  (OpenAI API under {url}/v1)\n"
+            f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+            f"       -d {shlex.quote(body)}\n")
+
+
+def serve(engine: AsyncLLMEngine, model_name: str, *, host: str = "127.0.0.1", port: int = 8000,
+          api_key: str | None = None, max_request_bytes: int = 2 * 2**20, max_tokens_limit: int = 4096,
+          drain_timeout_s: float = 30.0, log_level: str = "info", out: TextIO = sys.stdout) -> None:
+    """Serve until SIGTERM / SIGINT, then drain and shut the engine down."""
+    import uvicorn
+
+    app = create_app(engine, model_name, api_key=api_key, max_request_bytes=max_request_bytes,
+                     max_tokens_limit=max_tokens_limit, drain_timeout_s=drain_timeout_s,
+                     on_shutdown=engine.shutdown)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=max(1, int(drain_timeout_s)))
+    server = uvicorn.Server(config)
+    print(usage_banner(host, port, model_name, api_key), file=out, flush=True)
+    try:
+        server.run()
+    finally:
+        engine.shutdown()

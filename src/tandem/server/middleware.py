@@ -1,0 +1,111 @@
+"""ASGI guards in front of every route: the API key (401) and the request-body size limit (413).
+
+Both answer in the OpenAI error format before the app sees the request. The body limit reads the
+body (at most `max_bytes` + 1 bytes) and replays it to the app, so a large or endless body never
+reaches JSON parsing; later `receive` calls (disconnect detection) go to the client as usual.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tandem.server.errors import error_body
+
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+async def send_error(send: Send, status: int, message: str, code: str | None = None,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(error_body(status, message, None, code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value
+    return None
+
+
+class APIKeyMiddleware:
+    """Requires `Authorization: Bearer <key>` on every HTTP route but /health."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, b"authorization") or b""
+        if not hmac.compare_digest(given, self.expected):
+            msg = "missing API key: send 'Authorization: Bearer <key>'" if not given else "invalid API key"
+            await send_error(send, 401, msg, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+            return
+        await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware:
+    """Refuses request bodies over `max_bytes` with 413 (by Content-Length, or while reading)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            try:
+                too_big = int(declared) > self.max_bytes
+            except ValueError:
+                await send_error(send, 400, "invalid Content-Length header")
+                return
+            if too_big:
+                await send_error(send, 413, self._message(int(declared)), "request_too_large")
+                return
+        messages = await self._read_body(receive)
+        if messages is None:
+            await send_error(send, 413, self._message(None), "request_too_large")
+            return
+        await self.app(scope, _replay(messages, receive), send)
+
+    def _message(self, size: int | None) -> str:
+        got = f"{size} bytes" if size is not None else "more"
+        return f"request body too large: {got}, the limit is {self.max_bytes} bytes"
+
+    async def _read_body(self, receive: Receive) -> list[Message] | None:
+        """The body's messages, or None once they pass the limit."""
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                return messages                   # a disconnect: let the app see it
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                return None
+            if not message.get("more_body", False):
+                return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replayed() -> dict[str, Any]:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed

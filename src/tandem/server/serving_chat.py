@@ -1,0 +1,173 @@
+"""POST /v1/chat/completions: render the chat (with tools), run n choices, answer whole or streamed.
+
+Owns the chat response shapes: the message (content and client-side `tool_calls`, found in the
+generated text by the tool parser, with finish_reason "tool_calls"), chat logprobs, and the stream
+(role delta first, content and tool-call deltas, a final chunk with finish_reason per choice, usage
+when asked, then [DONE]). Server-side tool execution is not here: it will run inside the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from tandem.errors import InvalidRequestError
+from tandem.outputs import RequestOutput
+from tandem.sampling_params import SamplingParams
+from tandem.server.errors import error_body, to_api_error
+from tandem.server.logprobs import TokenTexts, chat_logprobs
+from tandem.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+                                    ChatDelta, ChatResponseMessage, ChatStreamChoice, DeltaFunction, DeltaToolCall,
+                                    FunctionCallOut, NamedToolChoice, ToolCallOut)
+from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, new_id,
+                                          reject_unsupported, resolve_max_tokens, sampling_params, sse, usage)
+from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
+from tandem.tools.chat_format import render_chat
+from tandem.tools.parsers import ToolCall, ToolCallStream, ToolParser, get_tool_parser
+
+
+@dataclass
+class ChatJob:
+    """A chat request resolved against the model, ready to generate."""
+
+    response_id: str
+    created: int
+    model: str
+    prompt_token_ids: list[int]
+    params: list[SamplingParams]
+    parser: ToolParser | None          # None: tools absent or tool_choice "none"
+    top_logprobs: int | None           # None: no logprobs
+    include_usage: bool
+
+
+def _check_fields(req: ChatCompletionRequest) -> None:
+    fmt = req.response_format
+    if fmt is not None and fmt.get("type") != "text":
+        raise InvalidRequestError(f"response_format {fmt.get('type')!r} is not supported yet; "
+                                  "only {'type': 'text'}", field="response_format")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs: true", field="top_logprobs")
+    if req.tool_choice not in (None, "none") and not req.tools:
+        raise InvalidRequestError("tool_choice requires tools", field="tool_choice")
+    for i, m in enumerate(req.messages):
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            raise InvalidRequestError(f"messages[{i}] ({m.role}) has no content", field=f"messages[{i}].content")
+
+
+def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
+    check_model(state, req.model)
+    reject_unsupported(req)
+    _check_fields(req)
+    check_num_choices(state, req.n)
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    choice: Any = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+    prompt = render_chat(state.tokenizer.hf, messages, tools, choice)
+    ids = state.tokenizer.encode(prompt, add_special_tokens=False)
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = resolve_max_tokens(state, req.max_completion_tokens or req.max_tokens, len(ids), field, "messages")
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    parser = get_tool_parser(state.config.tool_parser) if tools and choice != "none" else None
+    return ChatJob(new_id("chatcmpl"), int(time.time()), state.config.model_name, ids,
+                   sampling_params(req, max_tokens, top, req.n), parser, top, req.include_usage)
+
+
+async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request) -> Response:
+    job = prepare_chat(state, req)
+    ids = [f"{job.response_id}-{i}" for i in range(len(job.params))]
+    stream = await submit(state.engine, [job.prompt_token_ids] * len(ids), job.params, ids,
+                          state.metrics.observe, state.metrics.observe_abort)
+    if req.stream:
+        return ClosingStreamingResponse(stream_chat(state, job, stream), media_type="text/event-stream")
+    response = await until_disconnected(raw, collect_chat(state, job, stream))
+    return JSONResponse(response.model_dump(mode="json"))
+
+
+def _tool_calls_out(calls: list[ToolCall]) -> list[ToolCallOut] | None:
+    return [ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments)) for c in calls] or None
+
+
+def chat_choice(index: int, out: RequestOutput, parser: ToolParser | None, texts: TokenTexts | None = None,
+                top_logprobs: int | None = None) -> ChatChoice:
+    """The choice for a finished output: tool calls parsed out of the text when tools are on."""
+    content, calls = parser.parse(out.text) if parser is not None else (out.text, [])
+    reason = "tool_calls" if calls else out.finish_reason
+    logprobs = None
+    if top_logprobs is not None and texts is not None:
+        logprobs = chat_logprobs(texts, out.outputs[0].logprobs or [], top_logprobs)
+    message = ChatResponseMessage(content=content, tool_calls=_tool_calls_out(calls))
+    return ChatChoice(index=index, message=message, logprobs=logprobs, finish_reason=reason)
+
+
+async def collect_chat(state: ServerState, job: ChatJob, stream: MergedStream) -> ChatCompletionResponse:
+    finals: dict[int, RequestOutput] = {}
+    try:
+        async for i, out in stream:
+            if out.finished:
+                finals[i] = out
+    finally:
+        await stream.aclose()
+    outs = [finals[i] for i in range(len(job.params))]
+    choices = [chat_choice(i, o, job.parser, state.token_texts, job.top_logprobs) for i, o in enumerate(outs)]
+    return ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
+                                  usage=usage(len(job.prompt_token_ids), outs))
+
+
+def _chunk(job: ChatJob, choices: list[ChatStreamChoice]) -> str:
+    return sse(ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=choices))
+
+
+def _delta_choice(state: ServerState, job: ChatJob, i: int, out: RequestOutput,
+                  parser_state: ToolCallStream | None, num_logprobs_sent: int) -> ChatStreamChoice | None:
+    """The chunk choice for one output's new text, tool calls and logprobs (None if nothing new)."""
+    content = out.delta_text
+    deltas: list[DeltaToolCall] = []
+    if parser_state is not None:
+        first_call = parser_state.num_calls
+        content, calls = parser_state.feed(content)
+        if out.finished:
+            rest, more = parser_state.flush()
+            content, calls = content + rest, calls + more
+        deltas = [DeltaToolCall(index=first_call + k, id=c.id, type="function",
+                                function=DeltaFunction(name=c.name, arguments=c.arguments))
+                  for k, c in enumerate(calls)]
+    new_lps = (out.outputs[0].logprobs or [])[num_logprobs_sent:] if job.top_logprobs is not None else []
+    if not content and not deltas and not new_lps:
+        return None
+    logprobs = chat_logprobs(state.token_texts, new_lps, job.top_logprobs or 0) if new_lps else None
+    delta = ChatDelta(content=content if content or not deltas else None, tool_calls=deltas or None)
+    return ChatStreamChoice(index=i, delta=delta, logprobs=logprobs, finish_reason=None)
+
+
+async def stream_chat(state: ServerState, job: ChatJob, stream: MergedStream) -> AsyncIterator[str]:
+    n = len(job.params)
+    parsers = [job.parser.stream() if job.parser is not None else None for _ in range(n)]
+    sent = [0] * n
+    finals: dict[int, RequestOutput] = {}
+    try:
+        for i in range(n):
+            yield _chunk(job, [ChatStreamChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+        async for i, out in stream:
+            choice = _delta_choice(state, job, i, out, parsers[i], sent[i])
+            sent[i] = len(out.outputs[0].logprobs or [])
+            if choice is not None:
+                yield _chunk(job, [choice])
+            if out.finished:
+                finals[i] = out
+                called = parsers[i] is not None and parsers[i].num_calls > 0
+                reason = "tool_calls" if called else out.finish_reason
+                yield _chunk(job, [ChatStreamChoice(index=i, delta=ChatDelta(), finish_reason=reason)])
+        if job.include_usage:
+            outs = [finals[i] for i in range(n)]
+            yield sse(ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=[],
+                                          usage=usage(len(job.prompt_token_ids), outs)))
+    except Exception as e:          # headers are sent: report in the stream, then end it
+        err = to_api_error(e)
+        yield sse(error_body(err.status, err.message, err.param, err.code))
+    finally:
+        await stream.aclose()        # a client gone mid-stream: abort what still runs
+    yield SSE_DONE

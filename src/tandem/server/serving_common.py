@@ -1,0 +1,138 @@
+"""What both completion endpoints share: the server's state and limits, request checks that need
+the model (name, context length, server limits), SamplingParams from a request, usage, SSE lines.
+
+Raises `APIError` / `InvalidRequestError` naming the field; `errors.py` turns them into responses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from tandem.engine.async_engine import AsyncLLMEngine
+from tandem.errors import InvalidRequestError
+from tandem.outputs import RequestOutput
+from tandem.sampling_params import SamplingParams
+from tandem.server.errors import APIError
+from tandem.server.logprobs import TokenTexts
+from tandem.server.metrics import ServerMetrics
+from tandem.server.protocol import SamplingFields, UsageInfo
+
+MAX_STOP_STRINGS = 16
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits and names (see `create_app` for their meaning)."""
+
+    model_name: str
+    model_aliases: tuple[str, ...] = ("default",)
+    api_key: str | None = None
+    max_request_bytes: int = 2 * 2**20
+    max_tokens_limit: int = 4096
+    max_prompt_tokens: int | None = None
+    max_n: int = 16
+    drain_timeout_s: float = 30.0
+    tool_parser: str = "hermes"
+
+
+@dataclass
+class ServerState:
+    engine: AsyncLLMEngine
+    config: ServerConfig
+    metrics: ServerMetrics
+    token_texts: TokenTexts
+    tools: Any | None = None                 # the server-side tool registry (later); None: client-side only
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def check_model(state: ServerState, name: str | None) -> None:
+    cfg = state.config
+    if name is not None and name != cfg.model_name and name not in cfg.model_aliases:
+        raise APIError(404, f"the model {name!r} does not exist; this server serves {cfg.model_name!r}",
+                       "model", "model_not_found")
+
+
+def reject_unsupported(req: SamplingFields) -> None:
+    """400 for OpenAI parameters Tandem does not implement, when they would change the output."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise InvalidRequestError(f"{name} is not supported (only 0)", field=name)
+    if req.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported", field="logit_bias")
+
+
+def check_num_choices(state: ServerState, num: int) -> None:
+    if num > state.config.max_n:
+        raise InvalidRequestError(f"n={num} choices is over this server's limit of {state.config.max_n}", field="n")
+
+
+def resolve_max_tokens(state: ServerState, requested: int | None, num_prompt_tokens: int, field_name: str,
+                       prompt_field: str, default: int | None = None) -> int:
+    """The output budget: the request's, within the server limit and the context; if the request
+    gives none, `default` or the largest allowed (whichever is smaller)."""
+    limit = state.config.max_tokens_limit
+    context = state.max_model_len
+    max_prompt = min(state.config.max_prompt_tokens or context - 1, context - 1)
+    if num_prompt_tokens > max_prompt:
+        raise InvalidRequestError(f"the prompt has {num_prompt_tokens} tokens; the limit is {max_prompt} "
+                                  f"(context length {context})", field=prompt_field)
+    room = context - num_prompt_tokens
+    if requested is None:
+        return max(1, min(limit, room, default or limit))
+    if requested > limit:
+        raise InvalidRequestError(f"{field_name}={requested} is over this server's limit of {limit}", field=field_name)
+    if requested > room:
+        raise InvalidRequestError(
+            f"this model's maximum context length is {context} tokens; the request asks for "
+            f"{num_prompt_tokens + requested} ({num_prompt_tokens} in the prompt, {requested} for the completion): "
+            f"reduce the prompt or {field_name}", field=field_name)
+    return requested
+
+
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, n: int) -> list[SamplingParams]:
+    """One SamplingParams per choice; with a seed, choice i uses seed + i (distinct but reproducible)."""
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}", field="stop")
+    top_k = -1 if req.top_k in (None, 0, -1) else req.top_k
+    return [SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                           top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
+                           seed=None if req.seed is None else req.seed + i, stop=list(stop),
+                           ignore_eos=req.ignore_eos, min_tokens=req.min_tokens or 0, logprobs=logprobs)
+            for i in range(n)]
+
+
+def usage(num_prompt_tokens: int, outputs: list[RequestOutput]) -> UsageInfo:
+    completion = sum(len(o.token_ids) for o in outputs)
+    return UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
+                     total_tokens=num_prompt_tokens + completion)
+
+
+def sse(payload: BaseModel | dict[str, Any] | str) -> str:
+    """One server-sent event line."""
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump_json()
+    elif isinstance(payload, dict):
+        payload = json.dumps(payload)
+    return f"data: {payload}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

@@ -1,0 +1,160 @@
+"""Render a chat with tools into prompt text, with or without the chat template's help.
+
+If the model's chat template renders `tools` itself (Qwen 2.5/3, Hermes, Llama 3.1 ...), the
+messages and tools go to it unchanged (tool-call arguments as dicts, as those templates expect).
+Otherwise (SmolLM2's template ignores tools) the Hermes conventions are written in by hand:
+a system prompt lists the tools as JSON schemas and asks for `<tool_call>` JSON; assistant tool
+calls become `<tool_call>` text; `tool` results become a user turn of `<tool_response>` blocks.
+
+Messages arrive as plain dicts in the OpenAI shape (already validated by the server); errors raise
+`InvalidRequestError` naming `messages` or `tools`. Knows nothing of HTTP or the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tandem.errors import InvalidRequestError
+
+_PROBE_NAME = "tandem_probe_tool_4f2a"
+_native_cache: dict[str, bool] = {}
+
+HERMES_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>{extra}'
+)
+
+
+def select_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None
+                 ) -> tuple[list[dict[str, Any]] | None, str]:
+    """The tools to show the model and an extra instruction, as `tool_choice` asks.
+
+    "none" hides the tools; "required" asks for at least one call; a named function keeps only
+    that tool. (Without constrained decoding these are requests to the model, not guarantees.)"""
+    if not tools or tool_choice == "none":
+        return None, ""
+    if tool_choice in (None, "auto"):
+        return tools, ""
+    if tool_choice == "required":
+        return tools, "\n\nYou must call at least one function."
+    name = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+    chosen = [t for t in tools if t.get("function", {}).get("name") == name]
+    if not chosen:
+        raise InvalidRequestError(f"tool_choice names function {name!r}, which is not in tools", field="tool_choice")
+    return chosen, f"\n\nYou must call the function {name}."
+
+
+def template_renders_tools(hf_tokenizer: Any) -> bool:
+    """Whether the chat template writes the `tools` it is given into the prompt (probed once)."""
+    template = hf_tokenizer.chat_template
+    if not isinstance(template, str):
+        return False
+    if template not in _native_cache:
+        probe = [{"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
+                                                    "parameters": {"type": "object", "properties": {}}}}]
+        try:
+            text = hf_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=probe,
+                                                    tokenize=False, add_generation_prompt=True)
+            _native_cache[template] = _PROBE_NAME in text
+        except Exception:   # a template that chokes on tools does not render them
+            _native_cache[template] = False
+    return _native_cache[template]
+
+
+def render_chat(hf_tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                tool_choice: str | dict[str, Any] | None = None) -> str:
+    """The prompt text (special tokens written by the template) ending with the assistant's turn."""
+    if getattr(hf_tokenizer, "chat_template", None) is None:
+        raise InvalidRequestError("this model has no chat template; use /v1/completions", field="messages")
+    shown, extra = select_tools(tools, tool_choice)
+    if template_renders_tools(hf_tokenizer):
+        msgs = [_native_message(m) for m in messages]
+        if extra:
+            msgs = _with_system_text(msgs, extra.strip())
+    else:
+        msgs = hermes_messages(messages, shown, extra)
+        shown = None
+    try:
+        return hf_tokenizer.apply_chat_template(msgs, tools=shown, tokenize=False, add_generation_prompt=True)
+    except Exception as e:   # jinja raises many kinds on messages it does not expect
+        raise InvalidRequestError(f"cannot apply the chat template: {e}", field="messages") from e
+
+
+def hermes_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    extra: str = "") -> list[dict[str, str]]:
+    """Messages with tools, tool calls and tool results written as Hermes text (plain roles only)."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        role, content = m["role"], content_text(m.get("content"))
+        if role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1]["content"].startswith("<tool_response>"):
+                out[-1]["content"] += "\n" + block        # consecutive results share one user turn
+            else:
+                out.append({"role": "user", "content": block})
+            continue
+        if role == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(_tool_call_text(c) for c in m["tool_calls"])
+            content = f"{content}\n{calls}" if content else calls
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    if tools:
+        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        out = _with_system_text(out, HERMES_SYSTEM.format(tools=listing, extra=extra))
+    return out
+
+
+def content_text(content: str | list[dict[str, Any]] | None) -> str:
+    """The text of a message's content (a string or a list of text parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise InvalidRequestError(f"content part of type {part.get('type')!r} is not supported (text only)",
+                                      field="messages")
+        parts.append(part.get("text") or "")
+    return "".join(parts)
+
+
+def _tool_call_text(call: dict[str, Any]) -> str:
+    fn = call.get("function") or {}
+    body = json.dumps({"name": fn.get("name"), "arguments": _arguments(fn.get("arguments"))}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def _arguments(args: Any) -> Any:
+    """Arguments as a JSON object where they parse as one (the wire format sends a JSON string)."""
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return {} if args is None else args
+
+
+def _native_message(m: dict[str, Any]) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"],
+                           "content": content_text(m.get("content"))}
+    for key in ("name", "tool_call_id"):
+        if m.get(key) is not None:
+            msg[key] = m[key]
+    if m.get("tool_calls"):
+        msg["tool_calls"] = [{"id": c.get("id"), "type": "function",
+                              "function": {"name": (c.get("function") or {}).get("name"),
+                                           "arguments": _arguments((c.get("function") or {}).get("arguments"))}}
+                             for c in m["tool_calls"]]
+    return msg
+
+
+def _with_system_text(msgs: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """Append `text` to the first system message, or put a system message first."""
+    if msgs and msgs[0]["role"] == "system":
+        first = dict(msgs[0], content=f"{msgs[0]['content']}\n\n{text}" if msgs[0]["content"] else text)
+        return [first, *msgs[1:]]
+    return [{"role": "system", "content": text}, *msgs]
