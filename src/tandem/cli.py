@@ -28,6 +28,24 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-memory-gb", type=float, default=0.5)
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--seed", type=int, default=0)
+    sd = p.add_argument_group("speculative decoding (FASER)")
+    sd.add_argument("--speculative", choices=["ngram", "draft", "layerskip"], default=None)
+    sd.add_argument("--spec-policy", choices=["adaptive", "fixed", "table", "none"], default="adaptive")
+    sd.add_argument("--max-draft-tokens", type=int, default=8)
+    sd.add_argument("--draft-model", default=None, help="draft model (HF dir or .gguf) for --speculative draft")
+    sd.add_argument("--num-draft-layers", type=int, default=None, help="layers of the target used by layerskip")
+    sd.add_argument("--frontier-size", type=int, default=0, help="verify drafts in chunks of this many (0: off)")
+    sd.add_argument("--early-exit-layer", type=int, default=None, help="prune predicted-rejected drafts here")
+
+
+def _spec_config(a: argparse.Namespace):
+    if not getattr(a, "speculative", None):
+        return None
+    from tandem.config import SpecConfig
+
+    return SpecConfig(method=a.speculative, policy=a.spec_policy, max_draft_tokens=a.max_draft_tokens,
+                      draft_model=a.draft_model, num_draft_layers=a.num_draft_layers,
+                      frontier_size=a.frontier_size, early_exit_layer=a.early_exit_layer)
 
 
 def _make_llm(a: argparse.Namespace, **overrides):
@@ -36,7 +54,7 @@ def _make_llm(a: argparse.Namespace, **overrides):
     kw = dict(model=a.model, dtype=a.dtype, device=a.device, max_model_len=a.max_model_len,
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
               kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
-              seed=a.seed)
+              seed=a.seed, speculative=_spec_config(a))
     kw.update(overrides)
     return LLM(**kw)
 
@@ -148,7 +166,39 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(o)
     o.set_defaults(func=cmd_bench_offline)
     add_serve_parser(bsub)
+    sp = bsub.add_parser("spec", help="speculative decoding policies across load levels (n-gram drafts)")
+    sp.add_argument("--concurrency", default="1,2,4,8,16,32,64")
+    sp.add_argument("--policies", default="no-sd,fixed-2,fixed-4,fixed-8,bs-table,adaptive")
+    sp.add_argument("--repeats", type=int, default=3)
+    sp.add_argument("--requests-per-point", type=int, default=16, help="requests per (policy, concurrency) run")
+    sp.add_argument("--kinds", default="chat,rewrite,extract,code", help="per-kind runs at concurrency 1")
+    sp.add_argument("--kind-requests", type=int, default=4)
+    sp.add_argument("--json", default=None)
+    sp.add_argument("--plot", default=None, help="PNG of tok/s against concurrency, one line per policy")
+    _model_args(sp)
+    sp.set_defaults(func=cmd_bench_spec)
     return p
+
+
+def cmd_bench_spec(a: argparse.Namespace) -> int:
+    from tandem.bench.spec import POLICIES, bench_spec
+    from tandem.config import SpecConfig
+
+    conc = [int(x) for x in a.concurrency.split(",")]
+    policies = a.policies.split(",")
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        print(f"tandem: error: unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
+        return 2
+    spec = SpecConfig(method="ngram", max_draft_tokens=8, frontier_size=a.frontier_size,
+                      early_exit_layer=a.early_exit_layer)
+    llm = _make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]), speculative=spec)
+    kinds = [k for k in a.kinds.split(",") if k]
+    data = bench_spec(llm, conc, policies, a.repeats, a.requests_per_point, kinds, a.kind_requests, a.json, a.plot)
+    print(f"\n{'policy':<10}" + "".join(f"{'C=' + str(c):>9}" for c in conc))
+    for p in policies:
+        print(f"{p:<10}" + "".join(f"{data['sweep'][p][str(c)]['output_tok_s']:>9.1f}" for c in conc))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512   # token budget of one step (prefill chunks + decodes)
     max_num_seqs: int = 64              # requests running at once
     max_model_len: int = 2048           # context limit (prompt + output)
-    policy: str = "fcfs"
+    policy: str = "fcfs"                # fcfs | fcfs-discard | infercept | augserve[-stage1|-stage2]
     enable_chunked_prefill: bool = True
     watermark: float = 0.01             # fraction of KV blocks kept free when admitting new requests
 
@@ -27,6 +27,9 @@ class SchedulerConfig:
             raise ConfigError("without chunked prefill, max_num_batched_tokens must be >= max_model_len")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark}")
+        from tandem.sched.policies import POLICY_NAMES
+        if self.policy not in POLICY_NAMES:
+            raise ConfigError(f"unknown scheduling policy {self.policy!r}; known: {', '.join(POLICY_NAMES)}")
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,11 @@ class CacheConfig:
     kv_cache_memory_gb: float = 0.5     # used when num_blocks is not given
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
+    swap_space_gb: float = 0.25         # host memory for KV swapped out during tool pauses
 
     def __post_init__(self) -> None:
+        if self.swap_space_gb < 0:
+            raise ConfigError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

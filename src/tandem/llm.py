@@ -25,14 +25,19 @@ from tandem.runner.attention import PagedKVCache
 from tandem.runner.device import resolve_device, resolve_dtype
 from tandem.runner.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
+from tandem.sched.cost_model import StepCostModel
+from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
+from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
+from tandem.tools.registry import ToolRegistry
 from tandem.spec.factory import make_length_policy, make_spec_decoder
 
 log = logging.getLogger("tandem")
 
 
 def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: SchedulerConfig,
-                 spec_cfg: SpecConfig | None = None, progress: bool = True) -> LLMEngine:
+                 spec_cfg: SpecConfig | None = None, progress: bool = True,
+                 tools: ToolRegistry | None = None) -> LLMEngine:
     """Load the model, size the KV cache, and wire scheduler, runner, speculation and tokenizer."""
     if model_cfg.num_threads:
         torch.set_num_threads(model_cfg.num_threads)
@@ -48,8 +53,10 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
                              num_blocks * cache_cfg.block_size)
     model = load_model(model_dir, dtype, device, max_positions=max_len)
     sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
-    kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching)
-    runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed)
+    num_host = int(cache_cfg.swap_space_gb * 2**30 // bytes_per_block)
+    kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)
+    runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed, num_host_blocks=num_host)
+    cost = StepCostModel()
     policy = None
     if spec_cfg is not None:
         def load_draft(path: str):
@@ -57,12 +64,17 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
             return load_model(ddir, dtype, device, max_positions=max_len), Tokenizer(ddir)
 
         runner.spec = make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft)
-        policy = make_length_policy(spec_cfg)
+        policy = make_length_policy(spec_cfg, cost)
     log.info("model %s: %s on %s, %d KV blocks of %d tokens, context %d, speculation %s", model_dir.name, dtype,
              device, num_blocks, cache_cfg.block_size, max_len, spec_cfg)
-    scheduler = Scheduler(sched_cfg, kv, spec_policy=policy,
-                          max_draft_tokens=spec_cfg.max_draft_tokens if spec_cfg else 0)
-    return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len)
+    # Seconds per token to copy KV to host and back (the min-waste rule's swap cost): per-token bytes
+    # at a conservative 5 GB/s (PCIe on GPUs; a memcpy between tensors on CPUs).
+    swap_s = bytes_per_block / cache_cfg.block_size / 5e9
+    sched_policy = make_policy(sched_cfg.policy, sched_cfg.max_num_batched_tokens, cost, swap_s_per_token=swap_s)
+    scheduler = Scheduler(sched_cfg, kv, sched_policy, spec_policy=policy,
+                          max_draft_tokens=spec_cfg.max_draft_tokens if spec_cfg else 0, cost=cost)
+    runtime = ToolRuntime(tools, tokenizer) if tools is not None else None
+    return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime)
 
 
 def as_spec_config(speculative: SpecConfig | str | None) -> SpecConfig | None:
@@ -92,15 +104,26 @@ class LLM:
                  kv_cache_memory_gb: float = 0.5, num_kv_blocks: int | None = None, block_size: int = 16,
                  enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
                  num_threads: int | None = None, speculative: SpecConfig | str | None = None,
+                 tools: ToolRegistry | list[str] | bool | None = None, swap_space_gb: float = 0.25,
                  progress: bool = True) -> None:
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
                                 num_threads=num_threads)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
-                                num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching)
+                                num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
+                                swap_space_gb=swap_space_gb)
         sched_cfg = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                     policy=scheduling_policy)
-        self.engine = build_engine(model_cfg, cache_cfg, sched_cfg, as_spec_config(speculative), progress)
+        self.tool_registry = _as_registry(tools)
+        self.engine = build_engine(model_cfg, cache_cfg, sched_cfg, as_spec_config(speculative), progress,
+                                   self.tool_registry)
         self.tokenizer = self.engine.tokenizer
+
+    def register_tool(self, fn, schema: dict | None = None, *, name: str | None = None,
+                      timeout_s: float | None = None) -> None:
+        """Make a Python callable available to `chat(..., tools=[...])` (tools run inside the engine)."""
+        if self.engine.tools is None:
+            raise ConfigError("this LLM was built without tools: pass tools=True (built-ins) or a ToolRegistry")
+        self.tool_registry.register(fn, schema, name=name, timeout_s=timeout_s)
 
     def generate(self, prompts: str | Sequence[str] | None = None,
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
@@ -117,18 +140,35 @@ class LLM:
 
     def chat(self, messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
-             tools: list[dict] | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
+             tools: list[str] | None = None, max_tool_calls: int = 8, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Chat completions. `tools` names registered tools the model may call; they run inside the
+        engine (the request pauses while a tool runs) and the output is the whole answer."""
         if not messages:
             raise InvalidRequestError("messages must be a non-empty list", field="messages")
         convs = [messages] if isinstance(messages[0], dict) else list(messages)
-        items = [(None, self.tokenizer.apply_chat_template(c, tools=tools)) for c in convs]
-        return self._run(items, sampling_params, use_tqdm)
+        options = None
+        if tools:
+            if self.engine.tools is None:
+                raise InvalidRequestError("this LLM runs no tools: build it with tools=...", field="tools")
+            unknown = [t for t in tools if t not in self.tool_registry]
+            if unknown:
+                raise InvalidRequestError(f"unknown tools {unknown}; registered: {self.tool_registry.names()}",
+                                          field="tools")
+            options = ToolOptions(names=list(tools), max_tool_calls=max_tool_calls)
+        from tandem.tools.chat_format import render_chat
 
-    def _run(self, items: list[tuple[str | None, list[int] | None]], sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        schemas = self.tool_registry.schemas(list(tools)) if tools else None
+        items = [(None, self.tokenizer.encode(render_chat(self.tokenizer.hf, c, schemas), add_special_tokens=False))
+                 for c in convs]
+        return self._run(items, sampling_params, use_tqdm, options)
+
+    def _run(self, items: list[tuple[str | None, list[int] | None]], sampling_params, use_tqdm: bool,
+             tool_options: ToolOptions | None = None) -> list[RequestOutput]:
         params = _per_request(sampling_params, len(items))
         for (prompt, ids), p in zip(items, params):      # validate everything before queueing anything
             self.engine.validate(prompt, ids, p)
-        order = [self.engine.add_request(prompt, p, prompt_token_ids=ids) for (prompt, ids), p in zip(items, params)]
+        order = [self.engine.add_request(prompt, p, prompt_token_ids=ids, tool_options=tool_options)
+                 for (prompt, ids), p in zip(items, params)]
         done: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm:
@@ -136,7 +176,10 @@ class LLM:
             bar = tqdm(total=len(order), desc="generating", unit="req")
         try:
             while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
+                outs = self.engine.step()
+                if not outs:
+                    self.engine.wait_for_tools()
+                for out in outs:
                     if out.finished:
                         done[out.request_id] = out
                         if bar is not None:
@@ -150,6 +193,25 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [done[rid] for rid in order]
+
+
+def _as_registry(tools) -> ToolRegistry | None:
+    """tools=True: the built-ins; a list of names: those built-ins; a ToolRegistry: as is."""
+    if tools is None or tools is False:
+        return None
+    if isinstance(tools, ToolRegistry):
+        return tools
+    reg = ToolRegistry.with_builtins()
+    if tools is True:
+        return reg
+    unknown = [t for t in tools if t not in reg]
+    if unknown:
+        raise ConfigError(f"unknown built-in tools {unknown}; built-ins: {reg.names()}")
+    keep = ToolRegistry(reg.default_timeout_s)
+    for name in tools:
+        t = reg.get(name)
+        keep.register(t.fn, t.schema, name=name, timeout_s=t.timeout_s)
+    return keep
 
 
 def _per_request(sampling_params, n: int) -> list[SamplingParams]:

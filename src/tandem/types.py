@@ -25,6 +25,25 @@ class RequestStatus(enum.Enum):
         return self is RequestStatus.FINISHED
 
 
+class KVAction(str, enum.Enum):
+    """What happens to a paused request's KV while its tool runs (InferCept / AugServe)."""
+
+    PRESERVE = "preserve"    # keep the blocks in device memory
+    SWAP = "swap"            # copy them to host memory, free the device blocks, copy back on resume
+    DISCARD = "discard"      # free them; recompute the context on resume (chunked, prefix cache may help)
+
+
+@dataclass
+class PauseState:
+    """A request paused on a tool call."""
+
+    action: KVAction
+    since: float
+    expected_s: float
+    tool: str = ""
+    num_held_blocks: int = 0     # device blocks kept while paused (preserve)
+
+
 class FinishReason(str, enum.Enum):
     STOP = "stop"            # EOS, a stop token id or a stop string
     LENGTH = "length"        # max_tokens or the model's context length
@@ -112,6 +131,10 @@ class Request:
     times: RequestTimes = field(default_factory=RequestTimes)
     spec: SpecStats = field(default_factory=SpecStats)
     draft_available: int | None = None   # drafts the proposer can offer next step (None: unlimited)
+    num_injected_tokens: int = 0         # tool-result tokens appended to the context (not output)
+    num_tool_calls: int = 0
+    pause: PauseState | None = None
+    last_resumed: float | None = None    # when the last tool result arrived (Stage II signals)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -134,10 +157,12 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_token_ids)
+        """Tokens the model generated (tool results appended to the context do not count)."""
+        return len(self.token_ids) - len(self.prompt_token_ids) - self.num_injected_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
+        """Tokens after the prompt (generated ones, and tool results if any were appended)."""
         return self.token_ids[len(self.prompt_token_ids):]
 
     @property
@@ -185,6 +210,8 @@ class StepPlan:
 
     seqs: list[ScheduledSeq] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)   # (device block, host block) copies
+    swap_in: list[tuple[int, int]] = field(default_factory=list)    # (host block, device block) copies
 
     @property
     def num_tokens(self) -> int:
@@ -192,7 +219,7 @@ class StepPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.seqs
+        return not self.seqs and not self.swap_out and not self.swap_in
 
 
 @dataclass

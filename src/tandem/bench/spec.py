@@ -33,7 +33,7 @@ POLICIES = {
 def use_policy(llm, cfg: SpecConfig) -> None:
     """Swap the draft-length policy on a loaded engine (the proposer stays)."""
     sched = llm.engine.scheduler
-    sched.spec_policy = make_length_policy(cfg)
+    sched.spec_policy = make_length_policy(cfg, sched.cost)
     sched.max_draft_tokens = 0 if cfg.policy == "none" else cfg.max_draft_tokens
     sched.spec_stats = type(sched.spec_stats)()
 
@@ -83,8 +83,10 @@ def bench_spec(llm, concurrencies: list[int], policies: list[str], repeats: int,
                log=print) -> dict[str, Any]:
     tok = llm.tokenizer
     prompt_set = load_prompt_set()
-    items = [(p.kind, tok.apply_chat_template(p.messages), p.max_tokens) for p in prompt_set]
-    by_kind = {k: [it for it in items if it[0] == k] for k in sorted({it[0] for it in items})}
+    encoded = [(p.kind, tok.apply_chat_template(p.messages), p.max_tokens) for p in prompt_set]
+    by_kind = {k: [it for it in encoded if it[0] == k] for k in sorted({it[0] for it in encoded})}
+    # Round-robin over kinds, so every run (even a short one) mixes chat, code, extract and rewrite.
+    items = [lst[i] for i in range(max(map(len, by_kind.values()))) for lst in by_kind.values() if i < len(lst)]
     use_policy(llm, POLICIES["no-sd"])
     run_point(llm, items[:1], 1, 1)                                     # warm-up
     sweep: dict[str, dict[int, list]] = {p: {c: [] for c in concurrencies} for p in policies}

@@ -27,6 +27,11 @@ class IncrementalDetokenizer:
         self.stopped = False
         self._max_stop = max((len(s) for s in params.stop), default=0)
 
+    def inject(self, token_ids: list[int]) -> None:
+        """Tokens appended to the context by a tool result: not output text, but the new context
+        for decoding what follows."""
+        self.stream = DecodeStream(ids=token_ids[-_PRIME_TOKENS:], skip_special_tokens=self.params.skip_special_tokens)
+
     def add_tokens(self, token_ids: list[int]) -> bool:
         """Decode new tokens; returns True when a stop string was found (text is cut there)."""
         for tok in token_ids:

@@ -18,6 +18,7 @@ from typing import Callable
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.executor import Executor
 from tandem.engine.tokenizer import Tokenizer
+from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
 from tandem.errors import InvalidRequestError
 from tandem.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tandem.sampling_params import SamplingParams
@@ -32,6 +33,7 @@ class _ReqState:
     detok: IncrementalDetokenizer | None
     logprobs: list[TokenLogprob] | None
     token_ids: list[int] = field(default_factory=list)
+    tool_log: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -67,8 +69,10 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, scheduler: Scheduler, executor: Executor, tokenizer: Tokenizer | None,
-                 vocab_size: int, max_model_len: int, clock: Callable[[], float] = time.monotonic) -> None:
+                 vocab_size: int, max_model_len: int, clock: Callable[[], float] = time.monotonic,
+                 tools: ToolRuntime | None = None) -> None:
         self.scheduler = scheduler
+        self.tools = tools
         self.executor = executor
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -107,9 +111,11 @@ class LLMEngine:
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None, *,
                     prompt_token_ids: list[int] | None = None, request_id: str | None = None,
-                    arrival_time: float | None = None) -> str:
+                    arrival_time: float | None = None, tool_options: ToolOptions | None = None) -> str:
         params = params if params is not None else SamplingParams()
         ids = self.validate(prompt, prompt_token_ids, params)
+        if tool_options is not None and self.tools is None:
+            raise InvalidRequestError("this engine runs no tools", field="tools")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._states:
             raise InvalidRequestError(f"duplicate request id {rid!r}", field="request_id")
@@ -118,6 +124,9 @@ class LLMEngine:
                           arrival_time=self.clock() if arrival_time is None else arrival_time)
         detok = IncrementalDetokenizer(self.tokenizer, ids, params) if self.tokenizer is not None else None
         self._states[rid] = _ReqState(request, prompt, detok, [] if params.logprobs is not None else None)
+        if tool_options is not None:
+            request.extra["tool_key"] = tool_options.key
+            self.tools.watch(rid, tool_options)
         self.scheduler.add_request(request)
         self.num_prompt_tokens += len(ids)
         return rid
@@ -127,6 +136,8 @@ class LLMEngine:
         if state is None:
             return None
         self.scheduler.abort_request(request_id)
+        if self.tools is not None:
+            self.tools.forget(request_id)
         state.request.times.finished = self.clock()
         self.executor.release([request_id])
         return self._output(state, finished=True, delta_ids=[])
@@ -135,8 +146,36 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # --- the step --------------------------------------------------------------------------
+    def wait_for_tools(self, timeout_s: float = 0.05) -> None:
+        """Nothing to compute while requests wait on tools: block until one may have returned."""
+        if self.tools is None:
+            return
+        deadline = self.tools.next_deadline()
+        if deadline is not None:
+            timeout_s = max(0.0, min(timeout_s, deadline - self.clock()))
+        self.tools.wait(timeout_s)
+        if not self.tools.poll_ready(self.clock()):
+            time.sleep(min(timeout_s, 0.005))
+
+    def _resume_tools(self, now: float) -> None:
+        for ev in self.tools.poll(now):
+            state = self._states.get(ev.request_id)
+            if state is None:
+                continue
+            ids = self.tools.result_tokens(ev)
+            if state.request.num_tokens + len(ids) >= self.max_model_len:
+                ids = ids[:max(0, self.max_model_len - state.request.num_tokens - 1)]
+            self.scheduler.resume_request(ev.request_id, ids, now)
+            if state.detok is not None:
+                state.detok.inject(ids)
+            state.tool_log.append(dict(ev.log, error=ev.error, result=ev.content[:200]))
+
     def step(self) -> list[RequestOutput]:
         start = self.clock()
+        if self.tools is not None:
+            self._resume_tools(start)
+            if not self.scheduler.has_work():
+                return []
         plan = self.scheduler.schedule(start)
         if plan.is_empty:
             return []
@@ -163,13 +202,35 @@ class LLMEngine:
         if state.logprobs is not None and logprobs:
             state.logprobs.extend(logprobs[:len(u.new_token_ids)])
         finished = u.finished
+        before = len(state.detok.text) if state.detok is not None else 0
         if state.detok is not None and state.detok.add_tokens(u.new_token_ids) and not finished:
-            self.scheduler.finish_request(u.request, FinishReason.STOP)
-            u.request.times.finished = self.clock()
+            self._finish(u.request, FinishReason.STOP)
             finished = True
+        if not finished and self.tools is not None and self.tools.is_watched(rid):
+            new_text = state.detok.text[before:] if state.detok is not None else ""
+            finished = self._maybe_pause(u.request, new_text, len(u.new_token_ids))
         if finished:
             del self._states[rid]
+            if self.tools is not None:
+                self.tools.forget(rid)
         return self._output(state, finished, u.new_token_ids)
+
+    def _finish(self, request, reason: FinishReason) -> None:
+        self.scheduler.finish_request(request, reason)
+        request.times.finished = self.clock()
+
+    def _maybe_pause(self, request, new_text: str, num_new: int) -> bool:
+        """Pause the request if its output just completed a tool call; True if it finished instead."""
+        raw = self.tools.on_tokens(request.request_id, new_text, num_new)
+        if raw is None:
+            return False
+        if self.tools.over_limit(request.request_id):
+            self._finish(request, FinishReason.TOOL_LIMIT)
+            return True
+        now = self.clock()
+        name, expected = self.tools.start(request.request_id, raw, now)
+        self.scheduler.pause_request(request.request_id, now, expected, tool=name)
+        return False
 
     def _output(self, state: _ReqState, finished: bool, delta_ids: list[int]) -> RequestOutput:
         r = state.request
@@ -183,11 +244,20 @@ class LLMEngine:
             first_token_time=r.times.first_token, finished_time=r.times.finished,
             num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=len(state.token_ids),
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
-            extra={"spec": r.spec.as_dict()} if r.spec.chosen_lengths else {})
+            extra=self._extra(state))
         completion = CompletionOutput(0, text, list(state.token_ids), reason,
                                       list(state.logprobs) if state.logprobs is not None else None)
         return RequestOutput(r.request_id, state.prompt, r.prompt_token_ids, [completion], finished, metrics,
                              delta_text=delta, delta_token_ids=list(delta_ids))
+
+    @staticmethod
+    def _extra(state: _ReqState) -> dict:
+        r, extra = state.request, {}
+        if r.spec.chosen_lengths:
+            extra["spec"] = r.spec.as_dict()
+        if state.tool_log:
+            extra["tools"] = list(state.tool_log)
+        return extra
 
     def stats(self) -> EngineStats:
         kv = self.scheduler.kv
@@ -197,6 +267,9 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps,
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
             prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens,
+            num_paused=self.scheduler.num_paused,
+            tool_num_calls=self.tools.num_calls if self.tools else 0,
+            tool_num_errors=self.tools.num_errors if self.tools else 0,
             spec_num_drafts=self.scheduler.spec_stats.num_steps,
             spec_num_draft_tokens=self.scheduler.spec_stats.num_draft_tokens,
             spec_num_accepted_tokens=self.scheduler.spec_stats.num_accepted_tokens)

@@ -19,11 +19,17 @@ def cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 num_host_blocks: int = 0) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        # Host (swap) space: plain free list; swapped requests keep their host block ids here.
+        self.num_host_blocks = num_host_blocks
+        self._free_host: list[int] = list(range(num_host_blocks - 1, -1, -1))
+        self._host_released: list[int] = []     # freed by swap-in: reusable from the next step on
+        self._swapped: dict[str, list[int]] = {}
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks: dict[str, list[Block]] = {}
         self._hashes: dict[str, list[BlockHash]] = {}
@@ -108,6 +114,7 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release all of the request's blocks (tail first, so shared heads are evicted last)."""
+        self.drop_swapped(request)
         table = self._blocks.pop(request.request_id, None)
         self._hashes.pop(request.request_id, None)
         self._num_published.pop(request.request_id, None)
@@ -136,6 +143,58 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> None:
         self.pool.reset_prefix_cache()
+
+    # --- swapping (tool pauses) ----------------------------------------------------------
+    @property
+    def num_free_host_blocks(self) -> int:
+        return len(self._free_host)
+
+    def is_swapped(self, request_id: str) -> bool:
+        return request_id in self._swapped
+
+    def num_swapped_blocks(self, request_id: str) -> int:
+        return len(self._swapped.get(request_id, ()))
+
+    def can_swap_out(self, request: Request) -> bool:
+        return 0 < self.num_blocks_of(request.request_id) <= len(self._free_host)
+
+    def swap_out(self, request: Request) -> list[tuple[int, int]]:
+        """Move the request's blocks to host memory: (device block, host block) copies to make.
+
+        The device blocks are released (a cached prefix among them stays cached while nobody
+        reuses the block), and the request holds only host blocks until `swap_in`."""
+        rid = request.request_id
+        table = self._blocks.pop(rid)
+        host = [self._free_host.pop() for _ in table]
+        self._swapped[rid] = host
+        self._num_published.pop(rid, None)
+        self.pool.free(list(reversed(table)))
+        return [(b.block_id, h) for b, h in zip(table, host)]
+
+    def can_swap_in(self, request: Request) -> bool:
+        return len(self._swapped.get(request.request_id, ())) <= self.pool.num_free_blocks
+
+    def swap_in(self, request: Request) -> list[tuple[int, int]]:
+        """Bring a swapped request back: (host block, device block) copies to make."""
+        rid = request.request_id
+        host = self._swapped.pop(rid)
+        blocks = self.pool.get_new_blocks(len(host))
+        self._blocks[rid] = blocks
+        # The copy back happens during this step: its host blocks must not serve a swap-out now.
+        self._host_released.extend(reversed(host))
+        self._cache_full_blocks(request, request.num_computed_tokens)
+        return [(h, b.block_id) for h, b in zip(host, blocks)]
+
+    def end_step(self) -> None:
+        """Host blocks released by this step's swap-ins become reusable."""
+        self._free_host.extend(self._host_released)
+        self._host_released.clear()
+
+    def drop_swapped(self, request: Request) -> None:
+        """Forget a swapped request's host copy (aborted while paused)."""
+        host = self._swapped.pop(request.request_id, None)
+        if host:
+            self._free_host.extend(reversed(host))
 
     # --- internals -----------------------------------------------------------------------
     def _hash(self, request: Request) -> list[BlockHash]:

@@ -60,12 +60,12 @@ class PagedKVCache:
     """The KV tensors of all layers: k[layer] and v[layer] are [num_kv_heads, num_slots, head_dim]."""
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+                 head_dim: int, dtype: torch.dtype, device: torch.device, pin: bool = False) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         shape = (num_kv_heads, num_blocks * block_size, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in range(num_layers)]
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,

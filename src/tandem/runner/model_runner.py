@@ -18,7 +18,7 @@ from tandem.types import StepPlan, StepResult
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device,
-                 seed: int = 0) -> None:
+                 seed: int = 0, num_host_blocks: int = 0) -> None:
         cfg = model.cfg
         self.model = model
         self.device = device
@@ -30,11 +30,19 @@ class ModelRunner:
         self.paged_kernel = self.attn.kernel is not None
         self.sampler = Sampler(device, seed)
         self.spec = None            # a tandem.spec.decoder.SpecDecoder when speculation is on
+        # Host copies of swapped-out blocks (tool pauses); pinned when the device is a GPU.
+        self.host = PagedKVCache(cfg.num_layers, num_host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
+                                 model.dtype, torch.device("cpu"), pin=device.type == "cuda") \
+            if num_host_blocks else None
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         result = StepResult()
-        if plan.is_empty:
+        if plan.swap_out:
+            self._copy_blocks(plan.swap_out, self.cache, self.host)
+        if plan.swap_in:
+            self._copy_blocks(plan.swap_in, self.host, self.cache)
+        if not plan.seqs:
             return result
         drafts = self.spec.draft(plan) if self.spec is not None else {}
         run = self.spec.extend(plan, drafts) if drafts else plan
@@ -83,6 +91,16 @@ class ModelRunner:
         if lps is not None:
             result.logprobs[rid] = lps
         self.spec.settle(seq, len(out) - 1)
+
+    def _copy_blocks(self, pairs: list[tuple[int, int]], src: PagedKVCache, dst: PagedKVCache) -> None:
+        """Copy whole blocks (src block -> dst block) of every layer's K and V."""
+        bs = self.block_size
+        offsets = torch.arange(bs)
+        src_slots = (torch.tensor([a for a, _ in pairs])[:, None] * bs + offsets).reshape(-1)
+        dst_slots = (torch.tensor([b for _, b in pairs])[:, None] * bs + offsets).reshape(-1)
+        for s_k, s_v, d_k, d_v in zip(src.k, src.v, dst.k, dst.v):
+            d_k.index_copy_(1, dst_slots.to(d_k.device), s_k.index_select(1, src_slots.to(s_k.device)).to(d_k.device))
+            d_v.index_copy_(1, dst_slots.to(d_v.device), s_v.index_select(1, src_slots.to(s_v.device)).to(d_v.device))
 
     @torch.inference_mode()
     def forward_logits(self, plan: StepPlan) -> dict[str, torch.Tensor]:

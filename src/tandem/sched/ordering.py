@@ -1,13 +1,23 @@
 """Orderings of requests: who is admitted first from the waiting queue, who is preempted first.
 
-An ordering maps a request to a sort key (smaller runs first). FCFS is the baseline: arrival time,
-ties broken by submission order. Preempted requests keep their key, so they return first.
+An ordering maps a request to a sort key (smaller runs first; the running request with the
+largest key is the preemption victim). FCFS is the baseline: arrival time, ties broken by
+submission order; preempted requests keep their key, so they return first.
+
+AugServe orders by predicted *service time* (what is left to do: generation, prefill of pending
+tokens, remaining tool calls with their durations and returned tokens), so that requests that
+will finish sooner go first even if their text is longer. Stage I keys are fixed at arrival from
+static predictions; Stage II re-keys every step from live signals: actual pending tokens (e.g. a
+tool's real return length), output already generated, time waited (aging), memory pressure (under
+pressure, admissions that need much new KV are deferred); a request that has waited `max_wait_s`
+jumps ahead of everything (anti-starvation: a bounded maximum wait).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from tandem.sched.predictor import OutputLengthPredictor, ToolStats
 from tandem.types import Request
 
 
@@ -25,7 +35,48 @@ class FCFS:
         return (request.arrival_time, request.extra.get("_seq", 0))
 
 
+def tool_key(request: Request) -> str:
+    """Which tool statistics describe this request: its workload type or tool, if known."""
+    return str(request.extra.get("tool_key", "default"))
+
+
+class AugServeOrdering:
+    def __init__(self, lengths: OutputLengthPredictor, tools: ToolStats, stage2: bool = True,
+                 max_wait_s: float = 30.0, aging: float = 0.5, decode_token_s: float = 0.03,
+                 prefill_token_s: float = 0.003) -> None:
+        self.lengths = lengths
+        self.tools = tools
+        self.dynamic = stage2
+        self.max_wait_s = max_wait_s
+        self.aging = aging
+        self.decode_token_s = decode_token_s
+        self.prefill_token_s = prefill_token_s
+        self.memory_pressure = 0.0          # KV usage in [0, 1], set by the scheduler each step
+
+    def service_time(self, r: Request, pending_tokens: int) -> float:
+        remaining = max(1.0, self.lengths.predict(r) - r.num_output_tokens)
+        k = tool_key(r)
+        calls_left = max(0.0, self.tools.calls(k) - r.num_tool_calls)
+        per_call = self.tools.duration(k) + self.tools.return_tokens(k) * self.prefill_token_s
+        return remaining * self.decode_token_s + pending_tokens * self.prefill_token_s + calls_left * per_call
+
+    def key(self, r: Request, now: float) -> tuple:
+        seq = r.extra.get("_seq", 0)
+        if not self.dynamic:
+            v = r.extra.get("_stage1")
+            if v is None:
+                v = r.extra["_stage1"] = self.service_time(r, r.num_prompt_tokens)
+            return (1, v, seq)
+        waited = now - (r.last_resumed if r.last_resumed is not None else r.arrival_time)
+        if waited >= self.max_wait_s:
+            return (0, r.arrival_time, seq)
+        pending = r.num_tokens - r.num_computed_tokens
+        v = self.service_time(r, pending) - self.aging * waited
+        v += self.memory_pressure ** 2 * pending * self.prefill_token_s * 4
+        return (1, v, seq)
+
+
 def make_ordering(name: str) -> Ordering:
     if name == "fcfs":
         return FCFS()
-    raise ValueError(f"unknown scheduling policy {name!r}")
+    raise ValueError(f"unknown ordering {name!r}")

@@ -1,4 +1,5 @@
-"""Token-count scheduling with chunked prefill, continuous batching and preemption by recompute.
+"""Token-count scheduling with chunked prefill, continuous batching, preemption by recompute,
+speculative draft lengths and tool-call pauses.
 
 Each step (`schedule(now)`): running requests first, in order, each gets the tokens it still lacks
 (one for a decode, a chunk for a prefill) within the step's token budget; if KV blocks run out,
@@ -6,6 +7,10 @@ the lowest-ranked running request is preempted (its blocks freed, recomputed lat
 tokens, which are never lost). Then waiting requests are admitted in the ordering's order while
 budget, `max_num_seqs` and KV blocks allow, reusing cached prefixes. `update()` appends sampled
 tokens and decides which requests finish (stop token, max_tokens, context length).
+
+Draft lengths (FASER) come from the draft-length policy and are charged to the budget. A tool
+call pauses a request (`pause_request`); the scheduling policy decides what happens to its KV and,
+with AugServe, the order of admission and the step's token budget (see policies.py).
 
 This module owns the request state machine. It knows nothing of torch, tokenizers or wall time.
 """
@@ -18,25 +23,30 @@ import itertools
 from tandem.config import SchedulerConfig
 from tandem.errors import ConfigError
 from tandem.kv import KVCacheManager
-from tandem.sched.budget import StaticBudget, TokenBudget
-from tandem.sched.ordering import Ordering, make_ordering
+from tandem.sched.cost_model import StepCostModel
+from tandem.sched.ordering import tool_key
+from tandem.sched.pauses import PauseBook
+from tandem.sched.policies import SchedulingPolicy, make_policy
 from tandem.sched.preemption import choose_victim
 from tandem.sched.spec_length import DraftLengthPolicy
-from tandem.types import (FinishReason, Request, RequestStatus, ScheduledSeq, SeqUpdate, SpecStats, StepPlan,
-                          StepResult)
+from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SeqUpdate, SpecStats,
+                          StepPlan, StepResult)
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
-                 ordering: Ordering | None = None, budget: TokenBudget | None = None,
-                 spec_policy: DraftLengthPolicy | None = None, max_draft_tokens: int = 0) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
+                 spec_policy: DraftLengthPolicy | None = None, max_draft_tokens: int = 0,
+                 cost: StepCostModel | None = None) -> None:
         if config.max_model_len > kv.num_blocks * kv.block_size:
             raise ConfigError(f"max_model_len {config.max_model_len} exceeds the KV cache "
                               f"({kv.num_blocks * kv.block_size} tokens): a long request could never run")
         self.config = config
         self.kv = kv
-        self.ordering = ordering or make_ordering(config.policy)
-        self.budget = budget or StaticBudget(config.max_num_batched_tokens)
+        self.cost = cost or StepCostModel()      # step time vs tokens, learned from the steps' durations
+        self.policy = policy or make_policy(config.policy, config.max_num_batched_tokens, self.cost)
+        self.ordering = self.policy.ordering
+        self.budget = self.policy.budget
+        self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
         self.spec_policy = spec_policy
         self.max_draft_tokens = max_draft_tokens if spec_policy is not None else 0
         self._step_started: float | None = None
@@ -73,7 +83,12 @@ class Scheduler:
             self.running.remove(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
+        elif request.status is RequestStatus.PAUSED_TOOL:
+            del self.pauses.paused[request.request_id]
         self.kv.free(request)
+        if reason is not FinishReason.ABORT:
+            self.policy.lengths.observe(request, request.num_output_tokens)
+            self.policy.tools.observe_finish(tool_key(request), request.num_tool_calls)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]
@@ -88,21 +103,51 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self.running)
 
+    @property
+    def num_paused(self) -> int:
+        return len(self.pauses.paused)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def has_work(self) -> bool:
+        """Something to compute now (paused requests wait for their tools, not for a step)."""
+        return bool(self.running or self.waiting or self.pauses.pending_swap_out)
+
+    # --- tool calls ----------------------------------------------------------------------------
+    def pause_request(self, request_id: str, now: float, expected_s: float | None = None, tool: str = "") -> KVAction:
+        """A running request stops for a tool call; the policy decides what happens to its KV."""
+        r = self.requests[request_id]
+        if r.status is not RequestStatus.RUNNING:
+            raise ValueError(f"request {request_id!r} is {r.status.value}, not running")
+        self.running.remove(r)
+        others = sum(x.num_computed_tokens for x in self.running)
+        return self.pauses.pause(r, now, expected_s, others, tool)
+
+    def resume_request(self, request_id: str, token_ids: list[int], now: float) -> None:
+        """The tool's result arrives: its tokens join the context and the request waits to run."""
+        r = self.requests[request_id]
+        if r.status is not RequestStatus.PAUSED_TOOL:
+            raise ValueError(f"request {request_id!r} is {r.status.value}, not paused")
+        self.pauses.resume(r, token_ids, now)
+        self._push_waiting(r, now)
 
     # --- the step --------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
         self.num_steps += 1
+        if hasattr(self.ordering, "memory_pressure"):
+            self.ordering.memory_pressure = self.kv.usage
         if self.ordering.dynamic:
             self.waiting.sort(key=lambda r: self.ordering.key(r, now))
-        budget = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks)
-        plan = StepPlan()
+        budget = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks, self.pauses.num_held_blocks)
+        plan = StepPlan(swap_out=self.pauses.take_swap_outs())
         budget = self._schedule_running(plan, budget, now)
         if self.max_draft_tokens:
             budget = self._assign_drafts(plan, budget)
         if not plan.preempted_ids:
             self._schedule_waiting(plan, budget, now)
+        self.kv.end_step()
+        self.pauses.end_step()
         self._step_started = now
         return plan
 
@@ -144,6 +189,8 @@ class Scheduler:
                 i += 1
                 continue
             while not self.kv.can_allocate(request, num_new):
+                if self.pauses.discard_preserved():
+                    continue
                 victim = choose_victim(self.running[i:], self.ordering, now)
                 self._preempt(victim, plan)
                 if victim is request:
@@ -158,18 +205,25 @@ class Scheduler:
     def _schedule_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            computed_blocks, num_cached = self.kv.get_computed_blocks(request)
-            num_new = request.num_tokens - num_cached
+            swapped = self.kv.is_swapped(request.request_id)
+            computed_blocks, num_cached = ([], 0) if swapped else self.kv.get_computed_blocks(request)
+            base = request.num_computed_tokens + num_cached      # > 0 when resuming with kept KV
+            num_new = request.num_tokens - base
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
                     break
                 num_new = budget
             watermark = self._watermark_blocks if self.running else 0
-            if self.kv.num_blocks_to_take(request, num_new, computed_blocks) + watermark > self.kv.num_free_blocks:
+            need = self.kv.num_blocks_to_take(request, num_new, computed_blocks)
+            if swapped:
+                need += self.kv.num_swapped_blocks(request.request_id)
+            if need + watermark > self.kv.num_free_blocks:
                 break
             self.waiting.pop(0)
+            if swapped:
+                plan.swap_in.extend(self.kv.swap_in(request))
             self.kv.allocate(request, num_new, computed_blocks)
-            request.num_computed_tokens = num_cached
+            request.num_computed_tokens = base
             if request.times.first_scheduled is None:
                 request.num_cached_tokens = num_cached
                 request.times.first_scheduled = now
@@ -243,10 +297,10 @@ class Scheduler:
         for rid, n in result.draft_available.items():
             if rid in self.requests:
                 self.requests[rid].draft_available = n
-        if self.spec_policy is None or self._step_started is None:
+        if self._step_started is None:
             return
         unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
-        self.spec_policy.observe_step(plan.num_tokens - unused, now - self._step_started)
+        self.cost.observe(plan.num_tokens - unused, now - self._step_started)
         self._step_started = None
 
     def _append_tokens(self, request: Request, new_ids: list[int]) -> tuple[list[int], FinishReason | None]:

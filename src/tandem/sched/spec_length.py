@@ -1,8 +1,8 @@
 """Per-request draft lengths for speculative decoding (FASER's length policy and its baselines).
 
 Decided inside `Scheduler.schedule()` and charged to the step's token budget, so the engine and
-the simulator see the same decision. Pure Python: time arrives as step durations measured by the
-caller (`observe_step`), never from a clock.
+the simulator see the same decision. Pure Python: the step-cost model is the scheduler's, learned
+from step durations the scheduler measures between `schedule(now)` and `update(now)`.
 
 Adaptive (FASER): request i with per-position acceptance estimates a_i(m) and draft length k
 expects E_i(k) = sum_{j<=k} prod_{m<=j} a_i(m) accepted tokens (+1 the target always adds). The
@@ -28,17 +28,12 @@ class DraftLengthPolicy(Protocol):
         """Draft length for each request (<= its limit), given the step's tokens without drafts."""
         ...
 
-    def observe_step(self, num_tokens: int, duration_s: float) -> None: ...
-
     def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None: ...
 
     def forget(self, request_id: str) -> None: ...
 
 
 class _NoLearning:
-    def observe_step(self, num_tokens: int, duration_s: float) -> None:
-        pass
-
     def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         pass
 
@@ -185,9 +180,6 @@ class AdaptiveLength:
                 p *= e[m]
                 gain += p
         return (len(est) + gain) / self.cost.time(base + sum(ks))
-
-    def observe_step(self, num_tokens: int, duration_s: float) -> None:
-        self.cost.observe(num_tokens, duration_s)
 
     def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         self.acceptance.observe(request.request_id, num_drafted, num_accepted)

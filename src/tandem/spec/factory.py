@@ -13,9 +13,10 @@ from tandem.spec.drafter import ModelDrafter
 from tandem.spec.ngram import NgramProposer
 
 
-def make_length_policy(cfg: SpecConfig, cost: StepCostModel | None = None) -> DraftLengthPolicy:
+def make_length_policy(cfg: SpecConfig, cost: StepCostModel) -> DraftLengthPolicy:
+    """`cost` is the scheduler's step-cost model (the adaptive policy reads it, the scheduler trains it)."""
     if cfg.policy == "adaptive":
-        return AdaptiveLength(cfg.max_draft_tokens, cost or StepCostModel())
+        return AdaptiveLength(cfg.max_draft_tokens, cost)
     if cfg.policy == "fixed":
         return FixedLength(cfg.max_draft_tokens)
     if cfg.policy == "table":

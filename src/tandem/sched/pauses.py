@@ -1,0 +1,83 @@
+"""Requests paused on tool calls: their KV action, swap bookkeeping, and the resume path.
+
+The scheduler delegates here. On `pause`, the KV policy chooses preserve / swap / discard for the
+request (swap within a per-step block budget and free host space); swap-outs are queued for the
+next plan (the executor copies before it computes). On `resume`, the tool result's tokens join
+the request's context as tokens to compute (not output) and the request rejoins the waiting
+queue; a swapped request is swapped back in when admitted.
+"""
+
+from __future__ import annotations
+
+from tandem.kv import KVCacheManager
+from tandem.sched.ordering import tool_key
+from tandem.sched.predictor import ToolStats
+from tandem.sched.tool_policy import KVPausePolicy, PauseContext
+from tandem.types import KVAction, PauseState, Request, RequestStatus
+
+
+class PauseBook:
+    def __init__(self, kv: KVCacheManager, policy: KVPausePolicy, tools: ToolStats,
+                 swap_budget_blocks: int = 64) -> None:
+        self.kv = kv
+        self.policy = policy
+        self.tools = tools
+        self.swap_budget_blocks = swap_budget_blocks
+        self.paused: dict[str, Request] = {}
+        self.pending_swap_out: list[tuple[int, int]] = []
+        self._swapped_this_step = 0
+        self.num_actions = {a: 0 for a in KVAction}
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Device blocks held by paused (preserved) requests."""
+        return sum(r.pause.num_held_blocks for r in self.paused.values())
+
+    def pause(self, r: Request, now: float, expected_s: float | None, other_tokens: int, tool: str) -> KVAction:
+        key = tool or tool_key(r)
+        expected = self.tools.duration(key) if expected_s is None else expected_s
+        nblocks = self.kv.num_blocks_of(r.request_id)
+        can_swap = self.kv.can_swap_out(r) and self._swapped_this_step + nblocks <= self.swap_budget_blocks
+        action = self.policy.decide(PauseContext(r.num_computed_tokens, other_tokens, expected, nblocks, can_swap))
+        held = 0
+        if action is KVAction.SWAP:
+            self.pending_swap_out.extend(self.kv.swap_out(r))
+            self._swapped_this_step += nblocks
+        elif action is KVAction.DISCARD:
+            self.kv.free(r)
+            r.num_computed_tokens = 0
+        else:
+            held = nblocks
+        r.status = RequestStatus.PAUSED_TOOL
+        r.pause = PauseState(action, now, expected, key, held)
+        r.num_tool_calls += 1
+        self.paused[r.request_id] = r
+        self.num_actions[action] += 1
+        return action
+
+    def resume(self, r: Request, token_ids: list[int], now: float) -> None:
+        del self.paused[r.request_id]
+        r.token_ids.extend(token_ids)
+        r.num_injected_tokens += len(token_ids)
+        self.tools.observe_call(r.pause.tool, now - r.pause.since, len(token_ids))
+        r.last_resumed = now
+        r.status = RequestStatus.WAITING
+
+    def discard_preserved(self, exclude: Request | None = None) -> bool:
+        """Free the KV of one preserved paused request (the longest expected pause left): cheaper
+        than preempting a running request. Returns False if none holds KV."""
+        held = [r for r in self.paused.values() if r.pause.num_held_blocks and r is not exclude]
+        if not held:
+            return False
+        victim = max(held, key=lambda r: r.pause.expected_s)
+        self.kv.free(victim)
+        victim.num_computed_tokens = 0
+        victim.pause.action, victim.pause.num_held_blocks = KVAction.DISCARD, 0
+        return True
+
+    def take_swap_outs(self) -> list[tuple[int, int]]:
+        out, self.pending_swap_out = self.pending_swap_out, []
+        return out
+
+    def end_step(self) -> None:
+        self._swapped_this_step = 0

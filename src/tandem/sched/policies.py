@@ -1,0 +1,50 @@
+"""Scheduling policies by name, so baselines and AugServe run on the same engine and simulator.
+
+    fcfs / fcfs-discard   FCFS; a paused request's KV is discarded (vLLM treats a tool call as the end)
+    infercept             FCFS + min-waste KV handling during pauses (preserve / swap / discard)
+    augserve-stage1       Stage I ordering (predicted service time, fixed at arrival) + min-waste
+    augserve-stage2       + Stage II live re-ordering with anti-starvation
+    augserve              + the dynamic token budget (the full system)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.sched.budget import DynamicBudget, StaticBudget, TokenBudget
+from tandem.sched.cost_model import StepCostModel
+from tandem.sched.ordering import FCFS, AugServeOrdering, Ordering
+from tandem.sched.predictor import OutputLengthPredictor, ToolStats
+from tandem.sched.tool_policy import FixedAction, KVPausePolicy, MinWaste
+from tandem.types import KVAction
+
+POLICY_NAMES = ("fcfs", "fcfs-discard", "infercept", "augserve-stage1", "augserve-stage2", "augserve")
+
+
+@dataclass
+class SchedulingPolicy:
+    name: str
+    ordering: Ordering
+    budget: TokenBudget
+    pause: KVPausePolicy
+    lengths: OutputLengthPredictor = field(default_factory=OutputLengthPredictor)
+    tools: ToolStats = field(default_factory=ToolStats)
+
+
+def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swap_s_per_token: float = 5e-6,
+                max_wait_s: float = 30.0, min_budget_tokens: int | None = None) -> SchedulingPolicy:
+    if name not in POLICY_NAMES:
+        raise ValueError(f"unknown scheduling policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+    static = StaticBudget(max_num_batched_tokens)
+    if name in ("fcfs", "fcfs-discard"):
+        return SchedulingPolicy(name, FCFS(), static, FixedAction(KVAction.DISCARD))
+    min_waste = MinWaste(cost, swap_s_per_token)
+    if name == "infercept":
+        return SchedulingPolicy(name, FCFS(), static, min_waste)
+    lengths, tools = OutputLengthPredictor(), ToolStats()
+    ordering = AugServeOrdering(lengths, tools, stage2=name != "augserve-stage1", max_wait_s=max_wait_s,
+                                decode_token_s=cost.time(1), prefill_token_s=cost.per_token_s)
+    budget: TokenBudget = static
+    if name == "augserve":
+        budget = DynamicBudget(min_budget_tokens or max(16, max_num_batched_tokens // 8), max_num_batched_tokens)
+    return SchedulingPolicy(name, ordering, budget, min_waste, lengths, tools)

@@ -1,0 +1,90 @@
+"""Cheap online predictors for AugServe's Stage I: output length and tool-call statistics.
+
+`OutputLengthPredictor` is a ridge regression of log(output tokens) on prompt features (a bias,
+log prompt length, and a hashed bag of the prompt's first tokens), refit from its sufficient
+statistics as requests finish; until it has seen a few requests it predicts a prior. `ToolStats`
+keeps per-tool (or per-workload-type) moving averages of calls per request, call duration and
+returned tokens. Pure Python + numpy; no torch, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tandem.types import Request
+
+_BUCKETS = 32
+_HEAD = 64
+
+
+def features(request: Request) -> np.ndarray:
+    x = np.zeros(2 + _BUCKETS)
+    x[0] = 1.0
+    x[1] = math.log1p(request.num_prompt_tokens)
+    head = request.prompt_token_ids[:_HEAD]
+    for t in head:
+        x[2 + (t * 2654435761 % 2**32) % _BUCKETS] += 1.0 / max(1, len(head))
+    return x
+
+
+class OutputLengthPredictor:
+    def __init__(self, prior_tokens: float = 128.0, ridge: float = 1.0, min_samples: int = 8) -> None:
+        d = 2 + _BUCKETS
+        self.prior = math.log(prior_tokens)
+        self.a = np.eye(d) * ridge
+        self.b = np.zeros(d)
+        self.b[0] = ridge * self.prior
+        self.w: np.ndarray | None = None
+        self.n = 0
+        self.min_samples = min_samples
+
+    def predict(self, request: Request) -> float:
+        cached = request.extra.get("_pred_len")
+        if cached is not None:
+            return cached
+        y = self.prior if self.w is None else float(features(request) @ self.w)
+        pred = float(math.exp(min(y, 12.0)))
+        request.extra["_pred_len"] = pred
+        return pred
+
+    def observe(self, request: Request, output_tokens: int) -> None:
+        x = features(request)
+        self.a += np.outer(x, x)
+        self.b += x * math.log(max(1, output_tokens))
+        self.n += 1
+        if self.n >= self.min_samples:
+            self.w = np.linalg.solve(self.a, self.b)
+
+
+class ToolStats:
+    """Moving averages per key (tool name, or the request's workload type)."""
+
+    def __init__(self, alpha: float = 0.1, prior_duration_s: float = 1.0, prior_return_tokens: float = 32.0,
+                 prior_calls: float = 1.0) -> None:
+        self.alpha = alpha
+        self.prior = (prior_duration_s, prior_return_tokens, prior_calls)
+        self._duration: dict[str, float] = {}
+        self._returned: dict[str, float] = {}
+        self._calls: dict[str, float] = {}
+
+    def _ema(self, table: dict[str, float], key: str, value: float) -> None:
+        old = table.get(key)
+        table[key] = value if old is None else old + self.alpha * (value - old)
+
+    def duration(self, key: str) -> float:
+        return self._duration.get(key, self.prior[0])
+
+    def return_tokens(self, key: str) -> float:
+        return self._returned.get(key, self.prior[1])
+
+    def calls(self, key: str) -> float:
+        return self._calls.get(key, self.prior[2])
+
+    def observe_call(self, key: str, duration_s: float, return_tokens: int) -> None:
+        self._ema(self._duration, key, duration_s)
+        self._ema(self._returned, key, float(return_tokens))
+
+    def observe_finish(self, key: str, num_calls: int) -> None:
+        self._ema(self._calls, key, float(num_calls))
