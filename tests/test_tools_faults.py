@@ -19,25 +19,7 @@ from tandem.sched.cost_model import StepCostModel
 from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
 from tandem.tools.registry import ToolRegistry
-from tandem.types import StepPlan, StepResult
-
-
-class CannedModel:
-    """Executor double: request i emits the tokens of texts[i] in order, one per sampled step."""
-
-    def __init__(self) -> None:
-        self.queue: dict[str, list[int]] = {}
-
-    def execute(self, plan: StepPlan) -> StepResult:
-        result = StepResult()
-        for s in plan.seqs:
-            if s.sample:
-                q = self.queue[s.request_id]
-                result.sampled_token_ids[s.request_id] = [q.pop(0) if q else 0]
-        return result
-
-    def release(self, request_ids):
-        pass
+from tests.doubles import CannedModel
 
 
 def tool(call: str) -> str:

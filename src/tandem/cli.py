@@ -28,6 +28,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-memory-gb", type=float, default=0.5)
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--scheduling-policy", default="fcfs",
+                   help="fcfs | fcfs-discard | infercept | augserve | augserve-stage1 | augserve-stage2")
+    g.add_argument("--swap-space-gb", type=float, default=0.25, help="host memory for KV swapped out in tool pauses")
     sd = p.add_argument_group("speculative decoding (FASER)")
     sd.add_argument("--speculative", choices=["ngram", "draft", "layerskip"], default=None)
     sd.add_argument("--spec-policy", choices=["adaptive", "fixed", "table", "none"], default="adaptive")
@@ -36,6 +39,29 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     sd.add_argument("--num-draft-layers", type=int, default=None, help="layers of the target used by layerskip")
     sd.add_argument("--frontier-size", type=int, default=0, help="verify drafts in chunks of this many (0: off)")
     sd.add_argument("--early-exit-layer", type=int, default=None, help="prune predicted-rejected drafts here")
+
+
+def _tools(a: argparse.Namespace):
+    """--tools calculator,retrieve (built-ins) and/or --tools-module my.module (its `register(registry)`)."""
+    names = [t for t in (getattr(a, "tools", None) or "").split(",") if t]
+    module = getattr(a, "tools_module", None)
+    if not names and not module:
+        return None
+    import importlib
+
+    from tandem.errors import ConfigError
+    from tandem.tools.registry import ToolRegistry
+
+    builtins = ToolRegistry.with_builtins(docs_dir=getattr(a, "tools_docs", None))
+    reg = ToolRegistry()
+    for n in names:
+        t = builtins.get(n)
+        if t is None:
+            raise ConfigError(f"unknown built-in tool {n!r}; built-ins: {builtins.names()}")
+        reg.register(t.fn, t.schema, name=n, timeout_s=t.timeout_s)
+    if module:
+        importlib.import_module(module).register(reg)
+    return reg
 
 
 def _spec_config(a: argparse.Namespace):
@@ -54,7 +80,8 @@ def _make_llm(a: argparse.Namespace, **overrides):
     kw = dict(model=a.model, dtype=a.dtype, device=a.device, max_model_len=a.max_model_len,
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
               kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
-              seed=a.seed, speculative=_spec_config(a))
+              seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
+              swap_space_gb=a.swap_space_gb, tools=_tools(a))
     kw.update(overrides)
     return LLM(**kw)
 
@@ -95,7 +122,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     engine = AsyncLLMEngine(llm.engine, max_waiting=a.max_waiting)
     serve(engine, a.served_model_name or served_model_name(a.model), host=a.host, port=a.port, api_key=a.api_key,
           max_request_bytes=a.max_request_bytes, max_tokens_limit=a.max_tokens_limit,
-          drain_timeout_s=a.drain_timeout, log_level="debug" if a.verbose else "info")
+          drain_timeout_s=a.drain_timeout, log_level="debug" if a.verbose else "info", tools=llm.tool_registry)
     return 0
 
 
@@ -136,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-tokens-limit", type=int, default=4096, help="the largest max_tokens a request may ask")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish on SIGTERM")
+    s.add_argument("--tools", default="", help="server-side built-in tools, e.g. calculator,retrieve")
+    s.add_argument("--tools-module", default=None, help="a module whose register(registry) adds Python tools")
+    s.add_argument("--tools-docs", default=None, help="folder of .txt/.md documents for the retrieve tool")
     _model_args(s)
     s.set_defaults(func=cmd_serve)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from tandem.engine.llm_engine import EngineStats, LLMEngine
+from tandem.engine.tool_runtime import ToolOptions
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
@@ -40,6 +41,7 @@ class _Add:
     prompt_token_ids: list[int]
     params: SamplingParams
     sink: "_Sink"
+    tool_options: ToolOptions | None = None
 
 
 @dataclass
@@ -91,7 +93,8 @@ class AsyncLLMEngine:
         return self._stats
 
     async def generate(self, prompt: str | None, params: SamplingParams, *, prompt_token_ids: list[int] | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, tool_options: ToolOptions | None = None
+                       ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (one per step that produced tokens; the last has finished=True).
 
         Validation errors raise before anything is queued. Leaving the iterator early (a client
@@ -104,7 +107,7 @@ class AsyncLLMEngine:
         rid = request_id or f"async-{next(self._ids)}"
         sink = _Sink(asyncio.get_running_loop())
         self._count(+1)
-        self._commands.put(_Add(rid, prompt, ids, params, sink))
+        self._commands.put(_Add(rid, prompt, ids, params, sink, tool_options))
         finished = False
         try:
             while True:
@@ -154,6 +157,8 @@ class AsyncLLMEngine:
             for out in outputs:
                 self._deliver(out)
             self._stats = self.engine.stats()
+            if not outputs and not self.engine.scheduler.has_work():
+                self.engine.wait_for_tools(0.01)      # only paused requests: wait for a tool, not spin
 
     def _apply_commands(self, block: bool) -> None:
         try:
@@ -165,7 +170,7 @@ class AsyncLLMEngine:
                 self._sinks[cmd.request_id] = cmd.sink
                 try:
                     self.engine.add_request(cmd.prompt, cmd.params, prompt_token_ids=cmd.prompt_token_ids,
-                                            request_id=cmd.request_id)
+                                            request_id=cmd.request_id, tool_options=cmd.tool_options)
                 except Exception as e:
                     self._sinks.pop(cmd.request_id, None)
                     self._count(-1)

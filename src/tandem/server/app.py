@@ -41,8 +41,9 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
     route but /health. max_request_bytes: larger bodies get 413. max_tokens_limit: the largest
     `max_tokens` a request may ask for (400 above). max_prompt_tokens: the longest prompt (default:
     the context length minus one). max_n: most choices per request. drain_timeout_s: how long
-    shutdown waits for in-flight requests. tools: the server-side tool registry (a later seam;
-    None serves client-side tool calls only). on_shutdown: called after the drain (the launcher
+    shutdown waits for in-flight requests. tools: the server-side tool registry: a chat request
+    that brings no tools of its own is offered these, the engine runs the calls (the request pauses
+    meanwhile) and the response is the final answer; None serves client-side tool calls only. on_shutdown: called after the drain (the launcher
     stops the engine thread there).
     """
     config = ServerConfig(model_name=model_name, model_aliases=tuple(model_aliases), api_key=api_key,

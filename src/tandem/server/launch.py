@@ -30,13 +30,14 @@ def usage_banner(host: str, port: int, model_name: str, api_key: str | None) -> 
 
 def serve(engine: AsyncLLMEngine, model_name: str, *, host: str = "127.0.0.1", port: int = 8000,
           api_key: str | None = None, max_request_bytes: int = 2 * 2**20, max_tokens_limit: int = 4096,
-          drain_timeout_s: float = 30.0, log_level: str = "info", out: TextIO = sys.stdout) -> None:
+          drain_timeout_s: float = 30.0, log_level: str = "info", out: TextIO = sys.stdout,
+          tools=None) -> None:
     """Serve until SIGTERM / SIGINT, then drain and shut the engine down."""
     import uvicorn
 
     app = create_app(engine, model_name, api_key=api_key, max_request_bytes=max_request_bytes,
                      max_tokens_limit=max_tokens_limit, drain_timeout_s=drain_timeout_s,
-                     on_shutdown=engine.shutdown)
+                     on_shutdown=engine.shutdown, tools=tools)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=max(1, int(drain_timeout_s)))
     server = uvicorn.Server(config)

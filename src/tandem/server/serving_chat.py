@@ -42,6 +42,7 @@ class ChatJob:
     parser: ToolParser | None          # None: tools absent or tool_choice "none"
     top_logprobs: int | None           # None: no logprobs
     include_usage: bool
+    server_tools: Any = None           # ToolOptions when the server runs the tools itself
 
 
 def _check_fields(req: ChatCompletionRequest) -> None:
@@ -66,6 +67,12 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
     choice: Any = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+    server_tools = None
+    if tools is None and state.tools is not None and choice != "none":
+        # Server-side tools: offered to the model, run inside the engine; the answer comes back whole.
+        from tandem.engine.tool_runtime import ToolOptions
+
+        tools, server_tools = state.tools.schemas(), ToolOptions()
     prompt = render_chat(state.tokenizer.hf, messages, tools, choice)
     ids = state.tokenizer.encode(prompt, add_special_tokens=False)
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -73,14 +80,14 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
     top = (req.top_logprobs or 0) if req.logprobs else None
     parser = get_tool_parser(state.config.tool_parser) if tools and choice != "none" else None
     return ChatJob(new_id("chatcmpl"), int(time.time()), state.config.model_name, ids,
-                   sampling_params(req, max_tokens, top, req.n), parser, top, req.include_usage)
+                   sampling_params(req, max_tokens, top, req.n), parser, top, req.include_usage, server_tools)
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request) -> Response:
     job = prepare_chat(state, req)
     ids = [f"{job.response_id}-{i}" for i in range(len(job.params))]
     stream = await submit(state.engine, [job.prompt_token_ids] * len(ids), job.params, ids,
-                          state.metrics.observe, state.metrics.observe_abort)
+                          state.metrics.observe, state.metrics.observe_abort, job.server_tools)
     if req.stream:
         return ClosingStreamingResponse(stream_chat(state, job, stream), media_type="text/event-stream")
     response = await until_disconnected(raw, collect_chat(state, job, stream))
@@ -92,10 +99,12 @@ def _tool_calls_out(calls: list[ToolCall]) -> list[ToolCallOut] | None:
 
 
 def chat_choice(index: int, out: RequestOutput, parser: ToolParser | None, texts: TokenTexts | None = None,
-                top_logprobs: int | None = None) -> ChatChoice:
+                top_logprobs: int | None = None, server_side: bool = False) -> ChatChoice:
     """The choice for a finished output: tool calls parsed out of the text when tools are on."""
     content, calls = parser.parse(out.text) if parser is not None else (out.text, [])
     reason = "tool_calls" if calls else out.finish_reason
+    if server_side:            # the engine ran the calls: the answer is the text around them
+        calls, reason = [], out.finish_reason
     logprobs = None
     if top_logprobs is not None and texts is not None:
         logprobs = chat_logprobs(texts, out.outputs[0].logprobs or [], top_logprobs)
@@ -112,7 +121,8 @@ async def collect_chat(state: ServerState, job: ChatJob, stream: MergedStream) -
     finally:
         await stream.aclose()
     outs = [finals[i] for i in range(len(job.params))]
-    choices = [chat_choice(i, o, job.parser, state.token_texts, job.top_logprobs) for i, o in enumerate(outs)]
+    choices = [chat_choice(i, o, job.parser, state.token_texts, job.top_logprobs, job.server_tools is not None)
+               for i, o in enumerate(outs)]
     return ChatCompletionResponse(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                   usage=usage(len(job.prompt_token_ids), outs))
 
@@ -134,7 +144,7 @@ def _delta_choice(state: ServerState, job: ChatJob, i: int, out: RequestOutput,
             content, calls = content + rest, calls + more
         deltas = [DeltaToolCall(index=first_call + k, id=c.id, type="function",
                                 function=DeltaFunction(name=c.name, arguments=c.arguments))
-                  for k, c in enumerate(calls)]
+                  for k, c in enumerate(calls)] if job.server_tools is None else []   # server-run calls stay inside
     new_lps = (out.outputs[0].logprobs or [])[num_logprobs_sent:] if job.top_logprobs is not None else []
     if not content and not deltas and not new_lps:
         return None
@@ -158,7 +168,7 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: MergedStream) ->
                 yield _chunk(job, [choice])
             if out.finished:
                 finals[i] = out
-                called = parsers[i] is not None and parsers[i].num_calls > 0
+                called = parsers[i] is not None and parsers[i].num_calls > 0 and job.server_tools is None
                 reason = "tool_calls" if called else out.finish_reason
                 yield _chunk(job, [ChatStreamChoice(index=i, delta=ChatDelta(), finish_reason=reason)])
         if job.include_usage:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -85,9 +85,11 @@ class MergedStream:
 
 async def submit(engine: AsyncLLMEngine, prompts: list[list[int]], params: list[SamplingParams],
                  request_ids: list[str], on_output: Callable[[RequestOutput], None],
-                 on_abort: Callable[[str], None]) -> MergedStream:
-    """Start one engine request per (prompt ids, params); all are queued or none is."""
-    gens = [engine.generate(None, p, prompt_token_ids=ids, request_id=rid)
+                 on_abort: Callable[[str], None], tool_options: Any = None) -> MergedStream:
+    """Start one engine request per (prompt ids, params); all are queued or none is.
+    `tool_options` (server-side tools) makes the engine run the model's tool calls itself."""
+    extra = {"tool_options": tool_options} if tool_options is not None else {}
+    gens = [engine.generate(None, p, prompt_token_ids=ids, request_id=rid, **extra)
             for ids, p, rid in zip(prompts, params, request_ids)]
     stream = MergedStream(gens, request_ids, on_output, on_abort)
     await stream.check_started()

@@ -1,0 +1,123 @@
+"""AugServe's policy pieces on the real scheduler with a fake executor: min-waste KV choice, the
+predictors, the dynamic budget, Stage I ordering, Stage II anti-starvation."""
+
+from __future__ import annotations
+
+import random
+
+from scipy.stats import kendalltau
+
+from tandem.config import SchedulerConfig
+from tandem.kv import KVCacheManager
+from tandem.sampling_params import SamplingParams
+from tandem.sched.budget import DynamicBudget
+from tandem.sched.cost_model import StepCostModel
+from tandem.sched.policies import make_policy
+from tandem.sched.predictor import OutputLengthPredictor, ToolStats
+from tandem.sched.scheduler import Scheduler
+from tandem.sched.tool_policy import MinWaste, PauseContext
+from tandem.types import KVAction, Request, StepResult
+
+
+def cost() -> StepCostModel:
+    return StepCostModel(profile=[(1, 0.02), (64, 0.05), (512, 0.3), (4096, 2.4)])
+
+
+def test_min_waste_picks_each_action_where_it_wastes_least():
+    mw = MinWaste(cost(), swap_s_per_token=1e-5)
+    short = PauseContext(context_tokens=500, other_tokens=4000, expected_pause_s=0.001, num_blocks=32, can_swap=True)
+    assert mw.decide(short) is KVAction.PRESERVE          # a calculator call: keep the KV
+    long = PauseContext(context_tokens=500, other_tokens=4000, expected_pause_s=20.0, num_blocks=32, can_swap=True)
+    assert mw.decide(long) is KVAction.SWAP               # a chatbot turn, and swapping is cheap
+    no_swap = PauseContext(500, 4000, 20.0, 32, can_swap=False)
+    assert mw.decide(no_swap) is KVAction.DISCARD         # no host space: recompute beats idling 20 s
+    w = mw.wastes(long)
+    assert w[KVAction.PRESERVE] == 20.0 * 500
+    assert w[KVAction.DISCARD] == cost().time(500) * 4500
+
+
+def test_output_length_predictor_learns_a_ranking():
+    rng = random.Random(0)
+    pred = OutputLengthPredictor()
+
+    def req(i, n_prompt):
+        return Request(f"r{i}", [rng.randrange(100) for _ in range(n_prompt)], SamplingParams())
+
+    for i in range(200):                    # output length grows with prompt length, with noise
+        n = rng.randrange(10, 400)
+        pred.observe(req(i, n), int(n * 1.5 * rng.uniform(0.7, 1.3)) + 5)
+    test = [(req(1000 + i, n), int(n * 1.5) + 5) for i, n in enumerate(rng.sample(range(10, 400), 60))]
+    tau, _ = kendalltau([pred.predict(r) for r, _ in test], [y for _, y in test])
+    assert tau > 0.7
+
+
+def test_tool_stats_track_durations():
+    ts = ToolStats(alpha=0.5)
+    assert ts.duration("qa") == 1.0                        # the prior
+    for _ in range(20):
+        ts.observe_call("qa", 0.6, 120)
+    assert abs(ts.duration("qa") - 0.6) < 1e-6 and abs(ts.return_tokens("qa") - 120) < 1e-6
+
+
+def test_dynamic_budget_follows_free_memory_and_paused_kv():
+    b = DynamicBudget(64, 512, full_at_free=0.5, paused_weight=0.5)
+    assert b.tokens(1000, 1000) == 512
+    assert b.tokens(250, 1000) == 64 + (512 - 64) * 0.5
+    assert b.tokens(0, 1000) == 64
+    assert b.tokens(500, 1000, num_paused_blocks=400) < b.tokens(500, 1000)
+
+
+class Echo:
+    """Fake executor: one token per sampled seq."""
+
+    def __call__(self, plan) -> StepResult:
+        return StepResult({s.request_id: [1] for s in plan.seqs if s.sample})
+
+
+def run(sched: Scheduler, arrivals: list[tuple[float, Request]], step_s: float = 0.05, until: float = 1e9):
+    pending = sorted(arrivals, key=lambda x: x[0])
+    now, finish = 0.0, {}
+    executor = Echo()
+    while (pending or sched.has_unfinished()) and now < until:
+        while pending and pending[0][0] <= now:
+            sched.add_request(pending.pop(0)[1])
+        plan = sched.schedule(now)
+        now += step_s
+        for u in sched.update(plan, executor(plan), now):
+            if u.finished:
+                finish[u.request.request_id] = now
+    return finish
+
+
+def test_stage1_runs_predicted_short_requests_first():
+    c = cost()
+    policy = make_policy("augserve-stage1", 64, c)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1, max_model_len=512),
+                      KVCacheManager(64, 16), policy, cost=c)
+    for i in range(20):                                     # teach: long prompts -> long outputs
+        r = Request(f"t{i}", [7] * (10 + 20 * (i % 2)), SamplingParams())
+        policy.lengths.observe(r, 200 if i % 2 else 5)
+    long_req = Request("long", [7] * 30, SamplingParams(max_tokens=50, ignore_eos=True), arrival_time=0.0)
+    short_req = Request("short", [7] * 10, SamplingParams(max_tokens=5, ignore_eos=True), arrival_time=0.01)
+    blocker = Request("blocker", [1, 2], SamplingParams(max_tokens=3, ignore_eos=True), arrival_time=0.0)
+    finish = run(sched, [(0.0, blocker), (0.0, long_req), (0.0, short_req)])
+    assert finish["short"] < finish["long"]                 # SJF by predicted service time, not arrival
+
+
+def test_anti_starvation_bounds_the_wait_of_a_long_request():
+    """Short requests keep arriving; with one slot, SJF alone would never run the long one."""
+    c = cost()
+    results = {}
+    for name in ("augserve-stage1", "augserve"):
+        policy = make_policy(name, 64, c, max_wait_s=2.0)
+        sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1, max_model_len=512),
+                          KVCacheManager(64, 16), policy, cost=c)
+        for i in range(20):
+            policy.lengths.observe(Request(f"t{i}", [7] * (10 + 20 * (i % 2)), SamplingParams()), 200 if i % 2 else 4)
+        arrivals = [(0.0, Request("long", [7] * 30, SamplingParams(max_tokens=20, ignore_eos=True), arrival_time=0.0))]
+        arrivals += [(0.1 * i, Request(f"s{i}", [7] * 10, SamplingParams(max_tokens=4, ignore_eos=True),
+                                       arrival_time=0.1 * i)) for i in range(400)]
+        results[name] = run(sched, arrivals, until=60.0)
+    assert "long" not in results["augserve-stage1"] or results["augserve-stage1"]["long"] > 30.0
+    # With Stage II the long request starts within max_wait (2 s) plus one short request's run.
+    assert results["augserve"]["long"] <= 2.0 + 0.5 + 20 * 0.05 + 0.2
