@@ -33,7 +33,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--swap-space-gb", type=float, default=0.25, help="host memory for KV swapped out in tool pauses")
     sd = p.add_argument_group("speculative decoding (FASER)")
     sd.add_argument("--speculative", choices=["ngram", "draft", "layerskip"], default=None)
-    sd.add_argument("--spec-policy", choices=["adaptive", "fixed", "table", "none"], default="adaptive")
+    sd.add_argument("--spec-policy", choices=["adaptive", "fixed", "table", "survival", "none"], default="adaptive")
     sd.add_argument("--max-draft-tokens", type=int, default=8)
     sd.add_argument("--draft-model", default=None, help="draft model (HF dir or .gguf) for --speculative draft")
     sd.add_argument("--num-draft-layers", type=int, default=None, help="layers of the target used by layerskip")
@@ -207,7 +207,42 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--plot", default=None, help="PNG of tok/s against concurrency, one line per policy")
     _model_args(sp)
     sp.set_defaults(func=cmd_bench_spec)
+    au = bsub.add_parser("augmented", help="tool-augmented serving per scheduling policy (scripted traces)")
+    au.add_argument("--policies", default="fcfs-discard,infercept,augserve")
+    au.add_argument("--rates", default="0.1,0.25,0.5", help="Poisson request rates (req/s)")
+    au.add_argument("--num-requests", type=int, default=40)
+    au.add_argument("--repeats", type=int, default=1)
+    au.add_argument("--token-scale", type=float, default=1.0, help="scale the trace's token counts")
+    au.add_argument("--time-scale", type=float, default=1.0, help="scale the trace's tool times")
+    au.add_argument("--slo-ttft", type=float, default=5.0, help="SLO: TTFT bound (s)")
+    au.add_argument("--slo-norm-latency", type=float, default=0.25, help="SLO: (e2e - tool time)/token bound (s)")
+    au.add_argument("--trace-seed", type=int, default=1)
+    au.add_argument("--json", default=None)
+    _model_args(au)
+    au.set_defaults(func=cmd_bench_augmented)
     return p
+
+
+def cmd_bench_augmented(a: argparse.Namespace) -> int:
+    from tandem.bench.augmented import bench_augmented
+    from tandem.sched.policies import POLICY_NAMES
+
+    policies = a.policies.split(",")
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        print(f"tandem: error: unknown policies {unknown}; known: {POLICY_NAMES}", file=sys.stderr)
+        return 2
+    rates = [float(x) for x in a.rates.split(",")]
+    llm = _make_llm(a, tools=True)
+    data = bench_augmented(llm, policies, rates, a.num_requests, a.trace_seed, a.token_scale, a.time_scale,
+                           (a.slo_ttft, a.slo_norm_latency), a.repeats, a.json)
+    print(f"\n{'rate':>6} {'policy':<16} {'eff req/s':>9} {'SLO':>5} {'TTFT p50':>9} {'TTFT p99':>9}")
+    for r in rates:
+        for p in policies:
+            x = data["results"][str(r)][p][-1]
+            print(f"{r:>6} {p:<16} {x['effective_throughput_rps']:>9.3f} {x['slo_attainment']:>5.0%} "
+                  f"{x['ttft_p50_s']:>9.2f} {x['ttft_p99_s']:>9.2f}")
+    return 0
 
 
 def cmd_bench_spec(a: argparse.Namespace) -> int:

@@ -66,7 +66,7 @@ class ModelConfig:
 
 
 SPEC_METHODS = ("ngram", "draft", "layerskip")
-SPEC_POLICIES = ("adaptive", "fixed", "table", "none")
+SPEC_POLICIES = ("adaptive", "fixed", "table", "survival", "none")
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,9 @@ class SpecConfig:
       acceptance history and a step-cost model learned from the engine's own step times (FASER);
     - fixed: `max_draft_tokens` for every request that has drafts;
     - table: a decode-batch-size -> length table (vLLM's "dynamic SD"), `length_table`;
+    - survival: vLLM's adaptive verification: (request, position) slots admitted by survival
+      probability (running product of per-position acceptance EMAs) while the step-cost model says
+      the marginal slot pays;
     - none: proposer wired in but never used (for A/B runs).
     """
 

@@ -72,7 +72,8 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     swap_s = bytes_per_block / cache_cfg.block_size / 5e9
     sched_policy = make_policy(sched_cfg.policy, sched_cfg.max_num_batched_tokens, cost, swap_s_per_token=swap_s)
     scheduler = Scheduler(sched_cfg, kv, sched_policy, spec_policy=policy,
-                          max_draft_tokens=spec_cfg.max_draft_tokens if spec_cfg else 0, cost=cost)
+                          max_draft_tokens=spec_cfg.max_draft_tokens if spec_cfg else 0, cost=cost,
+                          swap_s_per_token=swap_s)
     runtime = ToolRuntime(tools, tokenizer) if tools is not None else None
     return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime)
 

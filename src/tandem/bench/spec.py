@@ -26,6 +26,7 @@ POLICIES = {
     "fixed-4": SpecConfig(policy="fixed", max_draft_tokens=4),
     "fixed-8": SpecConfig(policy="fixed", max_draft_tokens=8),
     "bs-table": SpecConfig(policy="table", max_draft_tokens=8),
+    "survival": SpecConfig(policy="survival", max_draft_tokens=8),
     "adaptive": SpecConfig(policy="adaptive", max_draft_tokens=8),
 }
 

@@ -257,6 +257,8 @@ class LLMEngine:
             extra["spec"] = r.spec.as_dict()
         if state.tool_log:
             extra["tools"] = list(state.tool_log)
+        if "_pred_len" in r.extra:
+            extra["predicted_output_tokens"] = r.extra["_pred_len"]
         return extra
 
     def stats(self) -> EngineStats:

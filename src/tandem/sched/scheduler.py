@@ -36,14 +36,15 @@ from tandem.types import (FinishReason, KVAction, Request, RequestStatus, Schedu
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
                  spec_policy: DraftLengthPolicy | None = None, max_draft_tokens: int = 0,
-                 cost: StepCostModel | None = None) -> None:
+                 cost: StepCostModel | None = None, swap_s_per_token: float = 5e-6) -> None:
         if config.max_model_len > kv.num_blocks * kv.block_size:
             raise ConfigError(f"max_model_len {config.max_model_len} exceeds the KV cache "
                               f"({kv.num_blocks * kv.block_size} tokens): a long request could never run")
         self.config = config
         self.kv = kv
         self.cost = cost or StepCostModel()      # step time vs tokens, learned from the steps' durations
-        self.policy = policy or make_policy(config.policy, config.max_num_batched_tokens, self.cost)
+        self.swap_s_per_token = swap_s_per_token
+        self.policy = policy or make_policy(config.policy, config.max_num_batched_tokens, self.cost, swap_s_per_token)
         self.ordering = self.policy.ordering
         self.budget = self.policy.budget
         self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
@@ -113,6 +114,15 @@ class Scheduler:
     def has_work(self) -> bool:
         """Something to compute now (paused requests wait for their tools, not for a step)."""
         return bool(self.running or self.waiting or self.pauses.pending_swap_out)
+
+    def set_policy(self, policy: SchedulingPolicy | str) -> None:
+        """Switch scheduling policies (a name or a built policy) between workloads: needs an idle scheduler."""
+        if self.requests:
+            raise RuntimeError("set_policy needs an idle scheduler")
+        if isinstance(policy, str):
+            policy = make_policy(policy, self.config.max_num_batched_tokens, self.cost, self.swap_s_per_token)
+        self.policy, self.ordering, self.budget = policy, policy.ordering, policy.budget
+        self.pauses = PauseBook(self.kv, policy.pause, policy.tools)
 
     # --- tool calls ----------------------------------------------------------------------------
     def pause_request(self, request_id: str, now: float, expected_s: float | None = None, tool: str = "") -> KVAction:

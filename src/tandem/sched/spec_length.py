@@ -12,6 +12,10 @@ the engine's own steps. Adding one draft token to request i gains prod_{m<=k_i+1
 and costs step_time(T+1) - step_time(T); the gains of one request shrink with k, so adding the
 best remaining token while it pays is optimal for a cost that is linear between profile points.
 A dead band keeps last step's lengths unless the new choice is clearly better (no flapping).
+
+Baselines: no speculation, a fixed length, vLLM's batch-size table ("dynamic SD") and vLLM's
+survival-probability slot admission (`SurvivalAdmission`). `make_length_policy` builds one from a
+`SpecConfig` (here, not in tandem.spec, so that the simulator gets it without torch).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import heapq
 from typing import Protocol
 
+from tandem.config import SpecConfig
 from tandem.sched.cost_model import StepCostModel
 from tandem.types import Request
 
@@ -92,6 +97,32 @@ class BatchSizeTable(_NoLearning):
         return [min(k, lim) for lim in limits]
 
 
+def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int, cost: StepCostModel) -> list[int]:
+    """Draft lengths from admitting (request, position) slots best-first while the marginal slot pays.
+
+    Slot (i, j) survives verification with probability prod_{m<=j} est[i][m-1]; a request's slots
+    come in position order (the product only falls). With G expected tokens and T tokens in the
+    step so far, the next slot (score s) pays iff (G + s) / t(T + 1) > G / t(T).
+    """
+    ks = [0] * len(est)
+    survive = [1.0] * len(est)                  # prod_{m <= k_i} a_i(m)
+    heap = [(-e[0], i) for i, e in enumerate(est) if limits[i] > 0]
+    heapq.heapify(heap)
+    tokens, gain, t = num_base_tokens, float(len(est)), cost.time(num_base_tokens)
+    while heap:
+        neg, i = heapq.heappop(heap)
+        delta = -neg
+        t_next = cost.time(tokens + 1)
+        if (gain + delta) * t <= gain * t_next:  # the best remaining slot does not pay: stop
+            break
+        ks[i] += 1
+        survive[i] = delta
+        tokens, gain, t = tokens + 1, gain + delta, t_next
+        if ks[i] < limits[i]:
+            heapq.heappush(heap, (-(survive[i] * est[i][ks[i]]), i))
+    return ks
+
+
 class AcceptanceModel:
     """Per-position acceptance estimates of each request, pooled with the global average.
 
@@ -144,7 +175,7 @@ class AdaptiveLength:
         if not requests:
             return []
         est = [self.acceptance.estimates(r.request_id) for r in requests]
-        best = self._greedy(est, limits, num_base_tokens)
+        best = admit_slots(est, limits, num_base_tokens, self.cost)
         last = [min(self._last.get(r.request_id, 0), lim) for r, lim in zip(requests, limits)]
         if last != best and self._value(est, last, num_base_tokens) >= \
                 self._value(est, best, num_base_tokens) * (1 - self.dead_band):
@@ -152,25 +183,6 @@ class AdaptiveLength:
         for r, k in zip(requests, best):
             self._last[r.request_id] = k
         return best
-
-    def _greedy(self, est: list[list[float]], limits: list[int], base: int) -> list[int]:
-        ks = [0] * len(est)
-        survive = [1.0] * len(est)                  # prod_{m <= k_i} a_i(m)
-        heap = [(-e[0], i) for i, e in enumerate(est) if limits[i] > 0]
-        heapq.heapify(heap)
-        tokens, gain, t = base, float(len(est)), self.cost.time(base)
-        while heap:
-            neg, i = heapq.heappop(heap)
-            delta = -neg
-            t_next = self.cost.time(tokens + 1)
-            if (gain + delta) * t <= gain * t_next:  # the best remaining token does not pay: stop
-                break
-            ks[i] += 1
-            survive[i] = delta
-            tokens, gain, t = tokens + 1, gain + delta, t_next
-            if ks[i] < limits[i]:
-                heapq.heappush(heap, (-(survive[i] * est[i][ks[i]]), i))
-        return ks
 
     def _value(self, est: list[list[float]], ks: list[int], base: int) -> float:
         gain = 0.0
@@ -187,3 +199,57 @@ class AdaptiveLength:
     def forget(self, request_id: str) -> None:
         self.acceptance.forget(request_id)
         self._last.pop(request_id, None)
+
+
+class SurvivalAdmission:
+    """vLLM-style adaptive verification: draft slots admitted by survival probability.
+
+    Each request keeps per-position acceptance estimates a_i(m), an EMA with retention `ema` (0.8)
+    of that position's outcomes (1 accepted, 0 rejected; positions after the first rejection were
+    not judged and keep their value). A new request starts from the batch-wide EMA of each position.
+    Slot (i, j) scores its survival probability s_ij = prod_{m<=j} a_i(m); slots are admitted in
+    score order while the step-cost profile says the marginal slot pays (`admit_slots`).
+    Unlike `AdaptiveLength`: a plain EMA (no pooling with the global estimate, no count decay) and
+    no dead band, so lengths follow the latest outcomes step by step.
+    """
+
+    def __init__(self, max_len: int, cost: StepCostModel, ema: float = 0.8, prior: float = 0.5) -> None:
+        self.max_len = max_len
+        self.cost = cost
+        self.ema = ema
+        self.global_est = [prior] * max_len
+        self._est: dict[str, list[float]] = {}
+
+    def estimates(self, request_id: str) -> list[float]:
+        return self._est.get(request_id) or list(self.global_est)
+
+    def choose(self, requests: list[Request], limits: list[int], num_base_tokens: int) -> list[int]:
+        if not requests:
+            return []
+        est = [self.estimates(r.request_id) for r in requests]
+        return admit_slots(est, limits, num_base_tokens, self.cost)
+
+    def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        est = self._est.setdefault(request.request_id, list(self.global_est))
+        keep = self.ema
+        for m in range(min(num_drafted, num_accepted + 1, self.max_len)):   # judged positions only
+            hit = 1.0 if m < num_accepted else 0.0
+            est[m] = keep * est[m] + (1 - keep) * hit
+            self.global_est[m] = keep * self.global_est[m] + (1 - keep) * hit
+
+    def forget(self, request_id: str) -> None:
+        self._est.pop(request_id, None)
+
+
+def make_length_policy(cfg: SpecConfig, cost: StepCostModel) -> DraftLengthPolicy:
+    """The draft-length policy a `SpecConfig` names; `cost` is the scheduler's step-cost model
+    (the adaptive and survival policies read it, the scheduler trains it)."""
+    if cfg.policy == "adaptive":
+        return AdaptiveLength(cfg.max_draft_tokens, cost)
+    if cfg.policy == "survival":
+        return SurvivalAdmission(cfg.max_draft_tokens, cost)
+    if cfg.policy == "fixed":
+        return FixedLength(cfg.max_draft_tokens)
+    if cfg.policy == "table":
+        return BatchSizeTable(cfg.length_table)
+    return NoSpeculation()

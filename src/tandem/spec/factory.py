@@ -5,23 +5,10 @@ from __future__ import annotations
 
 from tandem.config import SpecConfig
 from tandem.errors import ConfigError
-from tandem.sched.cost_model import StepCostModel
-from tandem.sched.spec_length import (AdaptiveLength, BatchSizeTable, DraftLengthPolicy, FixedLength,
-                                      NoSpeculation)
+from tandem.sched.spec_length import make_length_policy  # noqa: F401  (re-exported: its home is torch-free)
 from tandem.spec.decoder import SpecDecoder
 from tandem.spec.drafter import ModelDrafter
 from tandem.spec.ngram import NgramProposer
-
-
-def make_length_policy(cfg: SpecConfig, cost: StepCostModel) -> DraftLengthPolicy:
-    """`cost` is the scheduler's step-cost model (the adaptive policy reads it, the scheduler trains it)."""
-    if cfg.policy == "adaptive":
-        return AdaptiveLength(cfg.max_draft_tokens, cost)
-    if cfg.policy == "fixed":
-        return FixedLength(cfg.max_draft_tokens)
-    if cfg.policy == "table":
-        return BatchSizeTable(cfg.length_table)
-    return NoSpeculation()
 
 
 def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None, load_draft=None) -> SpecDecoder:
