@@ -186,3 +186,33 @@ def test_sampled_speculation_end_to_end_matches_the_target(tiny_loopy, spec, tem
     chi2 = sum((ca.get(k, 0) - cb.get(k, 0)) ** 2 / (ca.get(k, 0) + cb.get(k, 0)) for k in keys)
     assert len(keys) >= 2
     assert chi2 < chi2_dist.ppf(0.999, len(keys) - 1)
+
+
+PRUNING = [
+    SpecConfig(method="ngram", policy="fixed", max_draft_tokens=6, frontier_size=2),
+    SpecConfig(method="ngram", policy="fixed", max_draft_tokens=6, early_exit_layer=1, early_exit_topk=2),
+    SpecConfig(method="ngram", policy="fixed", max_draft_tokens=6, frontier_size=3, early_exit_layer=2,
+               early_exit_topk=1),
+    SpecConfig(method="layerskip", policy="fixed", max_draft_tokens=4, num_draft_layers=1, frontier_size=2),
+]
+
+
+@pytest.mark.parametrize("spec", PRUNING, ids=["frontiers", "early-exit", "both", "layerskip-frontiers"])
+def test_early_pruning_is_lossless(tiny_loopy, reference, spec):
+    llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative=spec)
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    stats = llm.engine.scheduler.spec_stats
+    assert stats.num_accepted_tokens > 0
+    assert stats.num_pruned_tokens > 0               # some rows were never computed
+    kv = llm.engine.scheduler.kv
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_early_pruning_with_sampling_keeps_seeded_reproducibility(tiny_loopy):
+    spec = SpecConfig(method="ngram", policy="fixed", max_draft_tokens=4, frontier_size=2, early_exit_layer=1)
+    llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative=spec)
+    params = SamplingParams(max_tokens=20, temperature=0.3, seed=7, ignore_eos=True)
+    a = llm.generate(prompt_token_ids=[PROMPTS[2]], sampling_params=params)[0].token_ids
+    b = llm.generate(prompt_token_ids=[PROMPTS[2], PROMPTS[0]], sampling_params=params)[0].token_ids
+    assert a == b

@@ -112,10 +112,14 @@ class LlamaModel(nn.Module):
         self.register_buffer("rope_sin", (emb.sin() * scaling).to(dtype), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
-                meta: AttentionMetadata, num_layers: int | None = None) -> torch.Tensor:
+                meta: AttentionMetadata, num_layers: int | None = None, exit_layer: int | None = None,
+                exit_hook=None) -> torch.Tensor:
         """Hidden states (before the final norm) of every input token: [N, hidden].
 
-        `num_layers` runs only the first layers (layer-skip self-speculation)."""
+        `num_layers` runs only the first layers (layer-skip self-speculation). `exit_hook(x)` is
+        called with the residual stream after `exit_layer` layers; it may return (rows to keep,
+        their positions, their attention metadata), and the deeper layers then compute only those
+        rows (early pruning of predicted-rejected drafts); the result has the kept rows only."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         layers = self.layers if num_layers is None else self.layers[:num_layers]
         rope = (self.rope_cos, self.rope_sin, positions)
@@ -124,7 +128,15 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(layers):
             h = ops.add_rms_norm(x, layer.attention(h, rope, attn, meta, i, ops), layer.post_norm, eps)
             out = layer.mlp(h, ops)
-            if i + 1 < len(layers):
+            if i + 1 == exit_layer and exit_hook is not None and i + 1 < len(layers):
+                x.add_(out)
+                pruned = exit_hook(x)
+                if pruned is not None:
+                    keep, positions, meta = pruned
+                    x = x.index_select(0, keep)
+                    rope = (self.rope_cos, self.rope_sin, positions)
+                h = ops.add_rms_norm(x, None, layers[i + 1].input_norm, eps)
+            elif i + 1 < len(layers):
                 h = ops.add_rms_norm(x, out, layers[i + 1].input_norm, eps)
             else:
                 x.add_(out)

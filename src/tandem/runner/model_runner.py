@@ -13,6 +13,7 @@ from tandem.runner.attention import AttentionBackend, PagedKVCache
 from tandem.runner.inputs import build_inputs
 from tandem.runner.kernels import make_ops
 from tandem.runner.sampler import SampleRow, Sampler
+from tandem.spec.decoder import num_accepted
 from tandem.types import StepPlan, StepResult
 
 
@@ -45,6 +46,12 @@ class ModelRunner:
         if not plan.seqs:
             return result
         drafts = self.spec.draft(plan) if self.spec is not None else {}
+        if drafts and self.spec.prunes:
+            from tandem.spec.pipeline import execute_with_pruning
+
+            result = execute_with_pruning(self, plan, drafts)
+            self.spec.hints(plan, result)
+            return result
         run = self.spec.extend(plan, drafts) if drafts else plan
         inputs = build_inputs(run, self.block_size, self.device, self.paged_kernel)
         hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta)
@@ -87,10 +94,10 @@ class ModelRunner:
         out, lps = self.spec.verify(seq, draft, logits)
         result.sampled_token_ids[rid] = out
         result.num_draft_tokens[rid] = len(draft.tokens)
-        result.num_accepted_tokens[rid] = len(out) - 1
+        result.num_accepted_tokens[rid] = num_accepted(out, draft.tokens)
         if lps is not None:
             result.logprobs[rid] = lps
-        self.spec.settle(seq, len(out) - 1)
+        self.spec.settle(seq, len(out))
 
     def _copy_blocks(self, pairs: list[tuple[int, int]], src: PagedKVCache, dst: PagedKVCache) -> None:
         """Copy whole blocks (src block -> dst block) of every layer's K and V."""

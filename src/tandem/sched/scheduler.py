@@ -296,7 +296,9 @@ class Scheduler:
         rid = request.request_id
         drafted = result.num_draft_tokens.get(rid, 0)
         accepted = result.num_accepted_tokens.get(rid, 0)
-        request.num_computed_tokens = seq.start + seq.num_tokens + accepted
+        emitted = len(result.sampled_token_ids.get(rid, ())) or 1
+        # Every emitted token but the last has its KV computed (the last is the next step's input).
+        request.num_computed_tokens = seq.start + seq.num_tokens + emitted - 1
         self.kv.truncate(request, request.num_computed_tokens)
         pruned = result.num_pruned_tokens.get(rid, 0)
         request.spec.record(drafted, accepted, pruned)

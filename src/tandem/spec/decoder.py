@@ -19,10 +19,24 @@ from tandem.spec.verify import verify_greedy, verify_sampled
 from tandem.types import ScheduledSeq, StepPlan, StepResult, TokenLogprob
 
 
+def num_accepted(out: list[int], drafts: list[int]) -> int:
+    """Drafts accepted in `out` (every token but a trailing correction / bonus token)."""
+    if len(out) <= len(drafts) and out == drafts[:len(out)]:
+        return len(out)
+    return len(out) - 1
+
+
 class SpecDecoder:
-    def __init__(self, proposer: NgramProposer | ModelDrafter, sampler: Sampler) -> None:
+    def __init__(self, proposer: NgramProposer | ModelDrafter, sampler: Sampler, frontier_size: int = 0,
+                 early_exit=None) -> None:
         self.proposer = proposer
         self.sampler = sampler
+        self.frontier_size = frontier_size      # verify in chunks of this many rows (0: one pass)
+        self.early_exit = early_exit            # a tandem.spec.pruning.EarlyExit, or None
+
+    @property
+    def prunes(self) -> bool:
+        return bool(self.frontier_size) or self.early_exit is not None
 
     def draft(self, plan: StepPlan) -> dict[str, Draft]:
         seqs = [s for s in plan.seqs if s.num_draft_tokens > 0]
@@ -44,17 +58,23 @@ class SpecDecoder:
                 if s.request_id in drafts else s for s in plan.seqs]
         return StepPlan(seqs, plan.preempted_ids)
 
-    def verify(self, seq: ScheduledSeq, draft: Draft, logits: torch.Tensor) -> tuple[list[int], list[TokenLogprob] | None]:
-        """logits: [k+1, V] raw target logits at the last committed token and each draft."""
-        k = len(draft.tokens)
+    def verify(self, seq: ScheduledSeq, draft: Draft, logits: torch.Tensor, first: int = 0
+               ) -> tuple[list[int], list[TokenLogprob] | None]:
+        """logits: raw target logits at rows first..first+n-1 of the k+1 verification rows (the last
+        committed token, then each draft); they judge drafts first+1..first+n (and add the bonus
+        token if the last row is row k)."""
+        n = logits.shape[0]
         params = seq.sampling_params
-        rows = [SampleRow(seq.request_id, params, seq.num_output_tokens + j, seq.stop_token_ids) for j in range(k + 1)]
+        drafts = draft.tokens[first:first + n]
+        rows = [SampleRow(seq.request_id, params, seq.num_output_tokens + first + j, seq.stop_token_ids)
+                for j in range(n)]
         masked = apply_min_tokens(logits, rows)
         if params.greedy:
-            out = verify_greedy(masked.argmax(dim=-1).tolist(), draft.tokens)
+            out = verify_greedy(masked.argmax(dim=-1).tolist(), drafts)
         else:
-            p = torch.stack([warp_probs(masked[j], params) for j in range(k + 1)])
-            out = verify_sampled(p, draft.tokens, draft.probs, self.sampler.generator_for(rows[0]))
+            p = torch.stack([warp_probs(masked[j], params) for j in range(n)])
+            q = draft.probs[first:first + len(drafts)] if draft.probs is not None else None
+            out = verify_sampled(p, drafts, q, self.sampler.generator_for(rows[0]))
         lps = None
         if params.logprobs is not None:
             raw = torch.log_softmax(logits[:len(out)], dim=-1)
@@ -70,9 +90,10 @@ class SpecDecoder:
             if new:
                 result.draft_available[s.request_id] = self.proposer.available(s.request_id, s.history, new)
 
-    def settle(self, seq: ScheduledSeq, num_accepted: int) -> None:
+    def settle(self, seq: ScheduledSeq, num_emitted: int) -> None:
+        """The target emitted `num_emitted` tokens after the step's chunk; the last has no KV yet."""
         if isinstance(self.proposer, ModelDrafter):
-            self.proposer.settle(seq.request_id, seq.start + seq.num_tokens + num_accepted)
+            self.proposer.settle(seq.request_id, seq.start + seq.num_tokens + num_emitted - 1)
 
     def release(self, request_id: str) -> None:
         self.proposer.release(request_id)

@@ -9,10 +9,19 @@ from tandem.sched.spec_length import make_length_policy  # noqa: F401  (re-expor
 from tandem.spec.decoder import SpecDecoder
 from tandem.spec.drafter import ModelDrafter
 from tandem.spec.ngram import NgramProposer
+from tandem.spec.pruning import EarlyExit
 
 
 def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None, load_draft=None) -> SpecDecoder:
     """`runner` is the target's ModelRunner; `load_draft(path) -> (LlamaModel, Tokenizer)` loads a draft model."""
+    decoder = _make_decoder(cfg, runner, target_vocab, tokenizer, load_draft)
+    decoder.frontier_size = cfg.frontier_size
+    if cfg.early_exit_layer is not None:
+        decoder.early_exit = EarlyExit(runner.model, cfg.early_exit_layer, cfg.early_exit_topk)
+    return decoder
+
+
+def _make_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_draft) -> SpecDecoder:
     if cfg.method == "ngram":
         return SpecDecoder(NgramProposer(cfg.ngram_min, cfg.ngram_max, cfg.max_draft_tokens), runner.sampler)
     model = runner.model

@@ -17,20 +17,25 @@ from tandem.runner.sampler import Sampler
 
 
 def verify_greedy(target_argmax: list[int], drafts: list[int]) -> list[int]:
-    """target_argmax: the target's argmax at the k+1 rows (last committed token, then each draft)."""
+    """target_argmax: the target's argmax at the rows before each draft (the last committed token,
+    then each draft), plus the row after the last draft if it was computed (then a bonus token is
+    added when every draft passes). Without that row, an all-accepted result is just the drafts."""
     out = []
     for j, d in enumerate(drafts):
         out.append(target_argmax[j])
         if target_argmax[j] != d:
             return out
-    out.append(target_argmax[len(drafts)])
+    if len(target_argmax) > len(drafts):
+        out.append(target_argmax[len(drafts)])
     return out
 
 
 def verify_sampled(p: torch.Tensor, drafts: list[int], q: torch.Tensor | None,
                    generator: torch.Generator) -> list[int]:
-    """p: [k+1, V] target probabilities (after temperature / top-k / top-p); q: [k, V] draft
-    probabilities, or None for a deterministic drafter. Returns accepted drafts + one more token."""
+    """p: [k+1, V] target probabilities (after temperature / top-k / top-p), or [k, V] when the row
+    after the last draft was not computed; q: [k, V] draft probabilities, or None for a
+    deterministic drafter. Returns accepted drafts + one more token (none if all k pass and p has
+    only k rows)."""
     out: list[int] = []
     u = torch.rand(len(drafts), generator=generator, device=p.device).tolist() if drafts else []
     for j, d in enumerate(drafts):
@@ -47,5 +52,6 @@ def verify_sampled(p: torch.Tensor, drafts: list[int], q: torch.Tensor | None,
         total = float(residual.sum())
         out.append(Sampler.draw(residual / total if total > 0 else p[j], generator))
         return out
-    out.append(Sampler.draw(p[len(drafts)], generator))
+    if p.shape[0] > len(drafts):
+        out.append(Sampler.draw(p[len(drafts)], generator))
     return out

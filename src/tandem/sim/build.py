@@ -1,0 +1,74 @@
+"""Wiring of a simulated deployment: the same objects `tandem.llm.build_engine` builds for the real
+engine (KVCacheManager, StepCostModel, make_policy, make_length_policy, Scheduler), sized by a
+cost model's `Deployment` instead of a loaded model.
+
+One difference, stated: the scheduler's online step-cost model starts from points of the
+simulated cost model (what a calibrated deployment would load) rather than from its CPU-shaped
+prior, so that AugServe's service-time estimates and the draft-length policies are sensible from
+the first step on every simulated machine; it keeps learning from the (virtual) step durations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.config import SchedulerConfig, SpecConfig
+from tandem.kv import KVCacheManager
+from tandem.sched.cost_model import StepCostModel
+from tandem.sched.policies import make_policy
+from tandem.sched.scheduler import Scheduler
+from tandem.sched.spec_length import make_length_policy
+from tandem.sim.cost.base import CostModel, Deployment, StepShape
+
+TOOL_TIME_HINTS = ("oracle", "predicted")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    spec: SpecConfig | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    position_decay: float = 0.97        # draft m is accepted with probability base * decay^(m-1)
+    # What the scheduler is told about a tool call's duration when it pauses: "oracle" passes the
+    # trace's api_time (the engine's scripted mode does this), "predicted" passes nothing, so the
+    # scheduler uses its per-tool moving average (the engine's mode for real tools).
+    tool_time_hint: str = "oracle"
+    seed_step_cost: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tool_time_hint not in TOOL_TIME_HINTS:
+            raise ValueError(f"tool_time_hint must be one of {TOOL_TIME_HINTS}, got {self.tool_time_hint!r}")
+
+
+def typical_shape(num_tokens: int, max_num_seqs: int, context_tokens: int = 512) -> StepShape:
+    """A step of `num_tokens`: up to `max_num_seqs` decodes at `context_tokens`, the rest one prefill chunk."""
+    decodes = min(num_tokens, max_num_seqs)
+    chunk = num_tokens - decodes
+    seqs = decodes + (1 if chunk else 0)
+    ctx = decodes * context_tokens + chunk
+    pairs = decodes * context_tokens + chunk * (chunk + 1) // 2
+    return StepShape(seqs, num_tokens, seqs, chunk, ctx, pairs)
+
+
+def seeded_step_cost(cost: CostModel, cfg: SchedulerConfig) -> StepCostModel:
+    """The scheduler's StepCostModel, starting from the cost model's typical steps."""
+    top = max(2, cfg.max_num_batched_tokens)
+    sizes = sorted({1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, top // 2, top} - {0})
+    points = [(n, cost.step_time_s(typical_shape(n, cfg.max_num_seqs))) for n in sizes if n <= top]
+    t1, t_half, t_top = points[0][1], cost.step_time_s(typical_shape(top // 2, cfg.max_num_seqs)), points[-1][1]
+    per_token = max(1e-7, (t_top - t_half) / max(1, top - top // 2))
+    return StepCostModel(base_s=max(1e-6, t1 - per_token), per_token_s=per_token, profile=points)
+
+
+def build_scheduler(cfg: SimConfig, cost: CostModel, deployment: Deployment | None = None) -> Scheduler:
+    dep = deployment or cost.deployment()
+    kv = KVCacheManager(dep.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
+                        num_host_blocks=dep.num_host_blocks)
+    step_cost = seeded_step_cost(cost, cfg.scheduler) if cfg.seed_step_cost else StepCostModel()
+    policy = make_policy(cfg.scheduler.policy, cfg.scheduler.max_num_batched_tokens, step_cost,
+                         swap_s_per_token=dep.swap_s_per_token)
+    spec_policy = make_length_policy(cfg.spec, step_cost) if cfg.spec is not None else None
+    return Scheduler(cfg.scheduler, kv, policy, spec_policy=spec_policy,
+                     max_draft_tokens=cfg.spec.max_draft_tokens if cfg.spec else 0, cost=step_cost)

@@ -1,0 +1,72 @@
+"""`SimExecutor`: stands in for the model. For each plan it returns what the torch executor would:
+a next token for every sampled sequence, draft outcomes for every sequence with draft slots, and
+(on the side) how long the step took in virtual seconds, from a cost model.
+
+Token ids carry no meaning here (output lengths come from the workload and requests run with
+ignore_eos), so every sampled token is FILL_TOKEN. A sequence verifying k drafts accepts the
+longest run of successes of position-dependent Bernoulli draws: draft m (1-based) is accepted with
+probability base * decay^(m-1), the request's base acceptance drawn per workload kind; the target
+then adds one token, so k drafts give `accepted + 1` tokens. Each request draws from its own
+seeded RNG, so outcomes do not depend on what else is batched with it. No torch, no clock.
+"""
+
+from __future__ import annotations
+
+import random
+
+from tandem.sim.cost.base import CostModel, shape_of
+from tandem.types import StepPlan, StepResult
+
+FILL_TOKEN = 11
+
+
+def draw_accepted(rng: random.Random, base: float, num_drafts: int, decay: float) -> int:
+    """Accepted drafts out of `num_drafts`: stop at the first rejection."""
+    p = base
+    for m in range(num_drafts):
+        if rng.random() >= p:
+            return m
+        p *= decay
+    return num_drafts
+
+
+class SimExecutor:
+    def __init__(self, cost: CostModel, seed: int = 0, position_decay: float = 0.97) -> None:
+        self.cost = cost
+        self.seed = seed
+        self.position_decay = position_decay
+        self._requests: dict[str, tuple[float, random.Random]] = {}
+        self.last_duration_s = 0.0
+        self.busy_s = 0.0                  # virtual seconds spent in steps
+
+    def add_request(self, request_id: str, acceptance: float) -> None:
+        self._requests[request_id] = (acceptance, random.Random(f"{self.seed}:{request_id}"))
+
+    def release(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._requests.pop(rid, None)
+
+    def step(self, plan: StepPlan) -> tuple[StepResult, float]:
+        """The step's outcome and its duration in seconds (compute + swaps)."""
+        result = StepResult()
+        decay = self.position_decay
+        for s in plan.seqs:
+            if not s.sample:
+                continue
+            k = s.num_draft_tokens
+            accepted = 0
+            if k:
+                base, rng = self._requests[s.request_id]
+                accepted = draw_accepted(rng, base, k, decay)
+                result.num_draft_tokens[s.request_id] = k
+                result.num_accepted_tokens[s.request_id] = accepted
+            result.sampled_token_ids[s.request_id] = [FILL_TOKEN] * (accepted + 1)
+        shape = shape_of(plan)
+        duration = self.cost.step_time_s(shape) + self.cost.swap_time_s(shape.num_swap_blocks)
+        self.last_duration_s = duration
+        self.busy_s += duration
+        return result, duration
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """The engine's Executor protocol (the duration is left in `last_duration_s`)."""
+        return self.step(plan)[0]

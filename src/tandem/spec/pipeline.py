@@ -1,0 +1,83 @@
+"""One executor step with early pruning: frontier passes and/or the early-exit check (pruning.py).
+
+Used by the runner when the speculation config asks for pruning; otherwise verification is one
+plain pass. Pass 0 carries every scheduled request; later passes carry only the drafting requests
+whose drafts were all accepted so far.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.runner.inputs import build_inputs
+from tandem.spec.decoder import num_accepted
+from tandem.spec.drafter import Draft
+from tandem.spec.pruning import _Rows, exit_hook, pass_seq
+from tandem.types import StepPlan, StepResult
+
+
+def execute_with_pruning(runner, plan: StepPlan, drafts: dict[str, Draft]) -> StepResult:
+    spec, result = runner.spec, StepResult()
+    rows = {s.request_id: _Rows(s, [s.token_ids[-1]] + drafts[s.request_id].tokens)
+            for s in plan.seqs if s.request_id in drafts and drafts[s.request_id].tokens}
+    first = {rid: 0 for rid in rows}
+    lps: dict[str, list] = {rid: [] for rid in rows}
+    width = spec.frontier_size or max((len(r.tokens) for r in rows.values()), default=1)
+    pass_no = 0
+    while True:
+        seqs = [s for s in plan.seqs if s.request_id not in rows] if pass_no == 0 else []
+        active = {rid: r for rid, r in rows.items() if not r.done}
+        seqs += [pass_seq(r, first[rid], min(first[rid] + width, len(r.tokens))) for rid, r in active.items()]
+        if not seqs:
+            break
+        _one_pass(runner, seqs, active, first, drafts, result, lps)
+        pass_no += 1
+    for rid, r in rows.items():
+        d = drafts[rid].tokens
+        result.sampled_token_ids[rid] = r.emitted
+        result.num_draft_tokens[rid] = len(d)
+        result.num_accepted_tokens[rid] = num_accepted(r.emitted, d)
+        result.num_pruned_tokens[rid] = r.pruned
+        if lps[rid]:
+            result.logprobs[rid] = lps[rid]
+        spec.settle(r.seq, len(r.emitted))
+        if spec.early_exit is not None:
+            spec.early_exit.observe(r.emitted)
+    return result
+
+
+def _one_pass(runner, seqs, active, first, drafts, result: StepResult, lps) -> None:
+    spec, model = runner.spec, runner.model
+    inputs = build_inputs(StepPlan(seqs), runner.block_size, runner.device, runner.paged_kernel)
+    state: dict = {}
+    ee = spec.early_exit
+    hook = exit_hook(ee, inputs, active, first, runner.block_size, runner.device, runner.paged_kernel, state) \
+        if ee is not None else None
+    hidden = model(inputs.input_ids, inputs.positions, runner.attn, inputs.meta,
+                   exit_layer=ee.layer if ee is not None else None, exit_hook=hook)
+    inputs = state.get("inputs", inputs)
+    plain = [(s, r + s.num_tokens - 1) for s, r in zip(inputs.seqs, inputs.row_starts)
+             if s.request_id not in active and s.sample]
+    if plain:
+        idx = torch.tensor([r for _, r in plain], device=runner.device)
+        logits = model.compute_logits(hidden.index_select(0, idx))
+        runner._sample_plain(result, [(s, i) for i, (s, _) in enumerate(plain)], logits)
+        if ee is not None:
+            for s, _ in plain:
+                ee.observe(result.sampled_token_ids.get(s.request_id, []))
+    for s, r0 in zip(inputs.seqs, inputs.row_starts):
+        if s.request_id not in active:
+            continue
+        rs, a = active[s.request_id], first[s.request_id]
+        n = s.num_tokens
+        logits = model.compute_logits(hidden[r0:r0 + n])
+        out, lp = spec.verify(rs.seq, drafts[s.request_id], logits, first=a)
+        rs.emitted += out
+        if lp:
+            lps[s.request_id] += lp
+        all_drafts = num_accepted(out, drafts[s.request_id].tokens[a:a + n]) == len(out)
+        planned = min(a + (spec.frontier_size or len(rs.tokens)), len(rs.tokens)) - a
+        first[s.request_id] = a + n
+        if not all_drafts or n < planned or first[s.request_id] >= len(rs.tokens):
+            rs.done = True
+            rs.pruned += len(rs.tokens) - first[s.request_id] - (planned - n)
