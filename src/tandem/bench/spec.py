@@ -63,11 +63,15 @@ def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, nu
                                 "spec": m.extra.get("spec")})
     wall = time.perf_counter() - t0
     stats = eng.scheduler.spec_stats
+    ee = eng.executor.spec.early_exit if eng.executor.spec is not None else None
+    early_exit = None if ee is None else {"checked": ee.num_checked, "predicted_rejections": ee.num_predicted_rejections,
+                                          "wrong_predictions": ee.num_wrong_predictions}
     tpots = [r["tpot_s"] for r in records if r["tpot_s"] is not None]
     return {"output_tok_s": sum(r["output_tokens"] for r in records) / wall, "wall_s": wall,
             "tpot_p50_ms": 1e3 * percentile(tpots, 50), "tpot_p99_ms": 1e3 * percentile(tpots, 99),
             "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
-            "num_draft_tokens": stats.num_draft_tokens, "chosen_lengths": dict(sorted(stats.chosen_lengths.items())),
+            "num_draft_tokens": stats.num_draft_tokens, "num_pruned_tokens": stats.num_pruned_tokens,
+            "early_exit": early_exit, "chosen_lengths": dict(sorted(stats.chosen_lengths.items())),
             "records": records}
 
 

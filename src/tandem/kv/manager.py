@@ -82,6 +82,8 @@ class KVCacheManager:
         table = self._blocks.get(request.request_id, ())
         total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
         new_blocks = max(0, self.blocks_needed(total) - len(table) - len(computed_blocks))
+        if not computed_blocks:           # the common case (every decode step): skip the scan
+            return new_blocks
         # Cached blocks nobody references sit in the free queue: taking them uses free capacity.
         revived = sum(1 for b in computed_blocks if b.ref_cnt == 0)
         return new_blocks + revived
@@ -205,10 +207,12 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         rid = request.request_id
+        start = self._num_published.get(rid, 0)
+        if num_tokens // self.block_size <= start:    # no new full block (most steps): nothing to hash
+            return
         table = self._blocks[rid]
         hashes = hash_full_blocks(request.token_ids, self.block_size,
                                   self._hashes.setdefault(rid, []), limit_tokens=num_tokens)
-        start = self._num_published.get(rid, 0)
         end = min(len(hashes), len(table), num_tokens // self.block_size)
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])

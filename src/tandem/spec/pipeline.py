@@ -78,6 +78,8 @@ def _one_pass(runner, seqs, active, first, drafts, result: StepResult, lps) -> N
         all_drafts = num_accepted(out, drafts[s.request_id].tokens[a:a + n]) == len(out)
         planned = min(a + (spec.frontier_size or len(rs.tokens)), len(rs.tokens)) - a
         first[s.request_id] = a + n
+        if n < planned and all_drafts and ee is not None:
+            ee.num_wrong_predictions += 1             # the draft predicted rejected was accepted
         if not all_drafts or n < planned or first[s.request_id] >= len(rs.tokens):
             rs.done = True
             rs.pruned += len(rs.tokens) - first[s.request_id] - (planned - n)

@@ -35,6 +35,7 @@ class EarlyExit:
         self.counts = torch.zeros(model.cfg.vocab_size)
         self.num_checked = 0
         self.num_predicted_rejections = 0
+        self.num_wrong_predictions = 0      # predicted rejected, then accepted by the full model
 
     def observe(self, tokens: list[int]) -> None:
         if tokens:
