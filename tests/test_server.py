@@ -217,3 +217,26 @@ def test_metrics(served, client):
     for name in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
                  "tool_calls", "tool_errors"):
         assert after[f"tandem:{name}_total" + key] == 0
+
+
+def test_speculative_server_streams_the_same_text(tiny_loopy):
+    """A server with n-gram speculation: streamed deltas rebuild the non-streamed greedy text."""
+    from tandem import LLM
+    from tandem.config import SpecConfig
+    from tandem.engine.async_engine import AsyncLLMEngine
+    from tandem.server.app import create_app
+
+    llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False,
+              speculative=SpecConfig(method="ngram", policy="fixed", max_draft_tokens=4))
+    engine = AsyncLLMEngine(llm.engine)
+    live = LiveServer(create_app(engine, "spec"))
+    try:
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="x")
+        kw = dict(model="spec", prompt="hello hello hello hello", max_tokens=24, temperature=0)
+        whole = client.completions.create(**kw).choices[0].text
+        streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices)
+        assert streamed == whole and len(whole) > 0
+        assert engine.stats().spec_num_draft_tokens > 0
+    finally:
+        live.stop()
+        engine.shutdown()

@@ -56,12 +56,8 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
     model = llm.engine.executor.model
     arch = model.cfg
     kv_bytes_per_token = 2 * arch.num_layers * arch.kv_size * model.embed.element_size()
-    bw = memory_bandwidth_gbs()
-    tflops = matmul_tflops(dtype=model.dtype)
     wbytes = weight_bytes(model)
     flops_per_token = 2 * wbytes / model.embed.element_size()
-    log(f"memory read bandwidth {bw:.1f} GB/s, dense matmul {tflops * 1e3:.0f} GFLOP/s; "
-        f"weights read per step {wbytes / 1e6:.0f} MB")
     run_once(llm, encoded[:1], [8])      # warm-up
     results: dict[int, list[dict]] = {c: [] for c in concurrencies}
     for r in range(repeats):
@@ -71,6 +67,11 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
             results[c].append(res)
             log(f"  repeat {r + 1}/{repeats} C={c}: {res['output_tok_s']:.1f} tok/s, "
                 f"decode step {res['decode_step_ms'] or float('nan'):.1f} ms")
+    engine_rss = peak_rss_mb()           # before the probes below allocate their own buffers
+    bw = memory_bandwidth_gbs()
+    tflops = matmul_tflops(dtype=model.dtype)
+    log(f"memory read bandwidth {bw:.1f} GB/s, dense matmul {tflops * 1e3:.0f} GFLOP/s; "
+        f"weights read per step {wbytes / 1e6:.0f} MB")
     summary = []
     for c in concurrencies:
         runs = results[c]
@@ -85,6 +86,6 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
                         "roofline_fraction": roofline_ms / step_ms if step_ms else None, "runs": runs})
     data = {"bench": "offline", "dataset": dataset or "prompts", "dtype": str(model.dtype),
             "machine": machine_info(), "bandwidth_gbs": bw, "matmul_tflops": tflops, "weight_bytes": wbytes,
-            "peak_rss_mb": peak_rss_mb(), "results": summary}
+            "peak_rss_mb": engine_rss, "results": summary}
     write_json(json_path, data)
     return data

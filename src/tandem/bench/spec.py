@@ -1,7 +1,7 @@
 """`tandem bench spec`: speculative decoding policies across load levels, on the real engine.
 
 For each concurrency C a closed loop keeps C requests in flight (greedy, natural lengths) until
-`num_requests` complete, cycling through the prompt set; every policy runs the same requests
+max(requests_per_point, 3C) complete, cycling through the prompt set (round-robin over kinds); every policy runs the same requests
 (speculation is lossless, so outputs and lengths are identical). Policies are swapped on one
 loaded engine and interleaved within each repeat, so machine noise hits them alike; medians of
 repeats are reported. Figures: output tokens/s, TPOT p50/p99, acceptance rate, mean accepted
@@ -100,7 +100,7 @@ def bench_spec(llm, concurrencies: list[int], policies: list[str], repeats: int,
         for c in concurrencies:
             for p in policies:
                 use_policy(llm, POLICIES[p])
-                res = run_point(llm, items, c, max(requests_per_point, c))
+                res = run_point(llm, items, c, max(requests_per_point, 3 * c))   # 3C: the tail is a third
                 sweep[p][c].append(res)
                 log(f"[{rep + 1}/{repeats}] C={c:<3} {p:<9} {res['output_tok_s']:7.1f} tok/s  "
                     f"TPOT p50 {res['tpot_p50_ms']:6.1f} ms  accept {res['acceptance_rate']:.2f}")

@@ -21,6 +21,7 @@ survival-probability slot admission (`SurvivalAdmission`). `make_length_policy` 
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Protocol
 
 from tandem.config import SpecConfig
@@ -108,11 +109,14 @@ def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
     survive = [1.0] * len(est)                  # prod_{m <= k_i} a_i(m)
     heap = [(-e[0], i) for i, e in enumerate(est) if limits[i] > 0]
     heapq.heapify(heap)
-    tokens, gain, t = num_base_tokens, float(len(est)), cost.time(num_base_tokens)
+    # The cost's local line at this step's size: t(T + d) = a + b (T + d) for the slots added.
+    a, b = cost.line(num_base_tokens)
+    tokens, gain = num_base_tokens, float(len(est))
+    t = max(1e-9, a + b * tokens)
     while heap:
         neg, i = heapq.heappop(heap)
         delta = -neg
-        t_next = cost.time(tokens + 1)
+        t_next = max(1e-9, a + b * (tokens + 1))
         if (gain + delta) * t <= gain * t_next:  # the best remaining slot does not pay: stop
             break
         ks[i] += 1
@@ -128,13 +132,17 @@ class AcceptanceModel:
 
     a_i(m) = (accepted_i(m) + w * global(m)) / (drafted_i(m) + w): a new request starts at the
     global estimate and moves to its own history as it accumulates; counts decay so that a
-    request whose text changes character (copying, then free writing) is followed.
+    request whose text changes character (copying, then free writing) is followed. An optimism
+    bonus `explore / sqrt(1 + drafted_i(m))` keeps rarely tried positions from never being tried
+    (an upper confidence bound, as FASER's search uses one).
     """
 
-    def __init__(self, max_len: int, prior: float = 0.5, weight: float = 2.0, decay: float = 0.9) -> None:
+    def __init__(self, max_len: int, prior: float = 0.5, weight: float = 2.0, decay: float = 0.9,
+                 explore: float = 0.1) -> None:
         self.max_len = max_len
         self.weight = weight
         self.decay = decay
+        self.explore = explore
         self.global_acc = [prior] * max_len
         self._acc: dict[str, list[float]] = {}
         self._n: dict[str, list[float]] = {}
@@ -142,9 +150,10 @@ class AcceptanceModel:
     def estimates(self, request_id: str) -> list[float]:
         acc, n = self._acc.get(request_id), self._n.get(request_id)
         if acc is None:
-            return list(self.global_acc)
+            return [min(1.0, g + self.explore) for g in self.global_acc]
         w, g = self.weight, self.global_acc
-        return [(acc[m] + w * g[m]) / (n[m] + w) for m in range(self.max_len)]
+        return [min(1.0, (acc[m] + w * g[m]) / (n[m] + w) + self.explore / math.sqrt(1.0 + n[m]))
+                for m in range(self.max_len)]
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         acc = self._acc.setdefault(request_id, [0.0] * self.max_len)
@@ -191,7 +200,8 @@ class AdaptiveLength:
             for m in range(k):
                 p *= e[m]
                 gain += p
-        return (len(est) + gain) / self.cost.time(base + sum(ks))
+        a, b = self.cost.line(base)
+        return (len(est) + gain) / max(1e-9, a + b * (base + sum(ks)))
 
     def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         self.acceptance.observe(request.request_id, num_drafted, num_accepted)
