@@ -1,8 +1,8 @@
 """Cheap online predictors for AugServe's Stage I: output length and tool-call statistics.
 
-`OutputLengthPredictor` is a ridge regression of log(output tokens) on prompt features (a bias,
-log prompt length, and a hashed bag of the prompt's first tokens), refit from its sufficient
-statistics as requests finish; until it has seen a few requests it predicts a prior. `ToolStats`
+`OutputLengthPredictor` is a ridge regression of log(output tokens) on request features (a bias,
+log prompt length, a hashed bag of the prompt's first tokens, and the request's declared tool set
+or workload type when it has one), refit from its sufficient statistics as requests finish; until it has seen a few requests it predicts a prior. `ToolStats`
 keeps per-tool (or per-workload-type) moving averages of calls per request, call duration and
 returned tokens. Pure Python + numpy; no torch, no clock.
 """
@@ -10,28 +10,33 @@ returned tokens. Pure Python + numpy; no torch, no clock.
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 
 from tandem.types import Request
 
 _BUCKETS = 32
+_KEYS = 16
 _HEAD = 64
 
 
 def features(request: Request) -> np.ndarray:
-    x = np.zeros(2 + _BUCKETS)
+    x = np.zeros(2 + _BUCKETS + _KEYS)
     x[0] = 1.0
     x[1] = math.log1p(request.num_prompt_tokens)
     head = request.prompt_token_ids[:_HEAD]
     for t in head:
         x[2 + (t * 2654435761 % 2**32) % _BUCKETS] += 1.0 / max(1, len(head))
+    key = request.extra.get("tool_key")
+    if key is not None:
+        x[2 + _BUCKETS + zlib.crc32(str(key).encode()) % _KEYS] = 1.0
     return x
 
 
 class OutputLengthPredictor:
     def __init__(self, prior_tokens: float = 128.0, ridge: float = 1.0, min_samples: int = 8) -> None:
-        d = 2 + _BUCKETS
+        d = 2 + _BUCKETS + _KEYS
         self.prior = math.log(prior_tokens)
         self.a = np.eye(d) * ridge
         self.b = np.zeros(d)
