@@ -96,3 +96,41 @@ def test_batch_size_table_uses_hysteresis():
     assert table.choose(reqs(3), [8] * 3, 3) == [4] * 3          # 3 >= 4 * 0.75: stays
     assert table.choose(reqs(2), [8] * 2, 2) == [8] * 2          # 2 < 3: back
     assert table.choose(reqs(40), [8] * 40, 40) == [0] * 40
+
+
+def test_cost_model_separates_the_per_position_draft_cost():
+    """Steps cost 10 ms + 1 ms per token + 5 ms per draft position (one draft-model pass each)."""
+    cost = StepCostModel()
+    for i in range(200):
+        n, d = 8 + (i * 7) % 120, i % 5
+        cost.observe(n + d * 4, 0.010 + 0.001 * (n + d * 4) + 0.005 * d, depth=d)
+    assert abs(cost.depth_s - 0.005) < 2e-4
+    a, b = cost.line(64)
+    assert abs(b - 0.001) < 1e-4 and abs(a - 0.010) < 1e-3
+    flat = StepCostModel()                  # n-gram drafting: depth costs nothing extra
+    for i in range(200):
+        n, d = 8 + (i * 7) % 120, i % 5
+        flat.observe(n, 0.010 + 0.001 * n, depth=d)
+    assert flat.depth_s < 1e-6
+
+
+def test_adaptive_drafts_shallower_when_each_position_costs_a_draft_pass():
+    """Same acceptance, same per-token cost: a per-position cost (a draft model's forward) must cut
+    the chosen depth, and a large one must switch speculation off."""
+    def trained(depth_s: float) -> StepCostModel:
+        cost = StepCostModel()
+        for i in range(200):
+            n, d = 8 + (i * 7) % 120, i % 5
+            cost.observe(n, 0.030 + 0.0001 * n + depth_s * d, depth=d)
+        return cost
+
+    rs = reqs(8)
+    lengths = {}
+    for depth_s in (0.0, 0.004, 0.05):
+        policy = AdaptiveLength(8, trained(depth_s))
+        for r in rs:
+            for accepted in (2, 5, 8, 3, 6, 1, 7, 4):   # survival falls gradually with depth
+                teach(policy, r, 8, accepted, times=3)
+        lengths[depth_s] = policy.choose(rs, [8] * 8, num_base_tokens=8)
+    assert max(lengths[0.0]) > max(lengths[0.004]) > 0
+    assert lengths[0.05] == [0] * 8

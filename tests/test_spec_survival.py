@@ -28,7 +28,7 @@ def steep_cost() -> StepCostModel:
 def test_estimates_are_an_ema_of_judged_positions_only():
     policy = SurvivalAdmission(4, flat_cost(), ema=0.8, prior=0.5)
     r = reqs(1)[0]
-    policy.observe_request(r, num_drafted=4, num_accepted=1)    # position 1 accepted, 2 rejected, 3-4 not judged
+    policy.observe_request(r, num_drafted=4, num_accepted=1)    # 1 accepted, 2 rejected, 3-4 not judged
     est = policy.estimates(r.request_id)
     assert est[0] == pytest.approx(0.8 * 0.5 + 0.2)
     assert est[1] == pytest.approx(0.8 * 0.5)

@@ -5,6 +5,7 @@
     tandem model fetch [--model PATH]
     tandem bench offline [--concurrency 1,32] [--repeats 3] [--json PATH]
     tandem bench serve --url URL (--rate R | --rates R1,R2 | --concurrency C) [--dataset D] [--json PATH]
+    tandem simulate --scenario faser|augserve|FILE [--json PATH] [--plots DIR]   (also: calibrate, speed)
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 
 from tandem.bench.cli_args import add_serve_parser
 from tandem.errors import TandemError
+from tandem.sim.cli_args import add_simulate_parser
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -220,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--json", default=None)
     _model_args(au)
     au.set_defaults(func=cmd_bench_augmented)
+    add_simulate_parser(sub)
     return p
 
 

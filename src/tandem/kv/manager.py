@@ -32,7 +32,7 @@ class KVCacheManager:
         self._swapped: dict[str, list[int]] = {}
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks: dict[str, list[Block]] = {}
-        self._hashes: dict[str, list[BlockHash]] = {}
+        self._ids: dict[str, list[int]] = {}       # the same tables as block ids (read every step)
         self._num_published: dict[str, int] = {}   # leading blocks already offered to the cache
         # Counters (prefix-cache effectiveness): tokens asked for vs served from the cache.
         self.num_query_tokens = 0
@@ -53,7 +53,8 @@ class KVCacheManager:
         return self.pool.num_used_blocks / self.pool.num_blocks
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._blocks.get(request_id, ())]
+        ids = self._ids.get(request_id)
+        return list(ids) if ids else []
 
     def num_blocks_of(self, request_id: str) -> int:
         return len(self._blocks.get(request_id, ()))
@@ -81,7 +82,7 @@ class KVCacheManager:
         """Free blocks an `allocate` with these arguments would consume."""
         table = self._blocks.get(request.request_id, ())
         total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
-        new_blocks = max(0, self.blocks_needed(total) - len(table) - len(computed_blocks))
+        new_blocks = max(0, -(-total // self.block_size) - len(table) - len(computed_blocks))
         if not computed_blocks:           # the common case (every decode step): skip the scan
             return new_blocks
         # Cached blocks nobody references sit in the free queue: taking them uses free capacity.
@@ -98,9 +99,17 @@ class KVCacheManager:
         blocks yet) join the table first and count as computed tokens before the new ones; the
         caller then advances `num_computed_tokens` past them.
         """
-        if not self.can_allocate(request, num_new_tokens, computed_blocks):
-            raise RuntimeError(f"not enough free KV blocks for request {request.request_id}")
-        table = self._blocks.setdefault(request.request_id, [])
+        # The check and the act share one computation (this runs for every request every step).
+        rid = request.request_id
+        table = self._blocks.get(rid)
+        total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        num_new_blocks = -(-total // self.block_size) - (len(table) if table else 0) - len(computed_blocks)
+        revived = sum(1 for b in computed_blocks if b.ref_cnt == 0) if computed_blocks else 0
+        if max(0, num_new_blocks) + revived > self.pool.num_free_blocks:
+            raise RuntimeError(f"not enough free KV blocks for request {rid}")
+        if table is None:
+            table = self._blocks[rid] = []
+        ids = self._ids.setdefault(rid, [])
         if not table:
             self.num_query_tokens += request.num_tokens
             self.num_hit_tokens += len(computed_blocks) * self.block_size
@@ -108,17 +117,18 @@ class KVCacheManager:
             assert not table, "computed blocks join only an empty block table"
             self.pool.touch(list(computed_blocks))
             table.extend(computed_blocks)
-        total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
-        num_new_blocks = self.blocks_needed(total) - len(table)
+            ids.extend(b.block_id for b in computed_blocks)
         if num_new_blocks > 0:
-            table.extend(self.pool.get_new_blocks(num_new_blocks))
+            new = self.pool.get_new_blocks(num_new_blocks)
+            table.extend(new)
+            ids.extend(b.block_id for b in new)
         self._cache_full_blocks(request, total)
 
     def free(self, request: Request) -> None:
         """Release all of the request's blocks (tail first, so shared heads are evicted last)."""
         self.drop_swapped(request)
         table = self._blocks.pop(request.request_id, None)
-        self._hashes.pop(request.request_id, None)
+        self._ids.pop(request.request_id, None)
         self._num_published.pop(request.request_id, None)
         if table:
             self.pool.free(list(reversed(table)))
@@ -136,11 +146,12 @@ class KVCacheManager:
         keep, full = self.blocks_needed(num_tokens), num_tokens // self.block_size
         for block in table[full:keep]:
             self.pool.uncache(block)
-        del self._hashes.setdefault(rid, [])[full:]
+        del self._known_hashes(request)[full:]
         self._num_published[rid] = min(self._num_published.get(rid, 0), full)
         if keep < len(table):
             dropped = table[keep:]
             del table[keep:]
+            del self._ids[rid][keep:]
             self.pool.free(list(reversed(dropped)))
 
     def reset_prefix_cache(self) -> None:
@@ -167,6 +178,7 @@ class KVCacheManager:
         reuses the block), and the request holds only host blocks until `swap_in`."""
         rid = request.request_id
         table = self._blocks.pop(rid)
+        self._ids.pop(rid, None)
         host = [self._free_host.pop() for _ in table]
         self._swapped[rid] = host
         self._num_published.pop(rid, None)
@@ -182,6 +194,7 @@ class KVCacheManager:
         host = self._swapped.pop(rid)
         blocks = self.pool.get_new_blocks(len(host))
         self._blocks[rid] = blocks
+        self._ids[rid] = [b.block_id for b in blocks]
         # The copy back happens during this step: its host blocks must not serve a swap-out now.
         self._host_released.extend(reversed(host))
         self._cache_full_blocks(request, request.num_computed_tokens)
@@ -200,8 +213,14 @@ class KVCacheManager:
 
     # --- internals -----------------------------------------------------------------------
     def _hash(self, request: Request) -> list[BlockHash]:
-        known = self._hashes.setdefault(request.request_id, [])
-        return hash_full_blocks(request.token_ids, self.block_size, known)
+        return hash_full_blocks(request.token_ids, self.block_size, self._known_hashes(request))
+
+    @staticmethod
+    def _known_hashes(request: Request) -> list[BlockHash]:
+        """The request's block hashes computed so far. Kept on the request, not here: its tokens only
+        grow, so they stay valid when its KV is freed and recomputed (after a discard or a
+        preemption, which would otherwise re-hash the whole context) and go away with it."""
+        return request.extra.setdefault("_kv_block_hashes", [])
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         if not self.enable_prefix_caching:
@@ -212,7 +231,7 @@ class KVCacheManager:
             return
         table = self._blocks[rid]
         hashes = hash_full_blocks(request.token_ids, self.block_size,
-                                  self._hashes.setdefault(rid, []), limit_tokens=num_tokens)
+                                  self._known_hashes(request), limit_tokens=num_tokens)
         end = min(len(hashes), len(table), num_tokens // self.block_size)
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])

@@ -8,6 +8,11 @@ the neighbourhood holds too few distinct sizes to measure one. A local line, not
 interpolation, because the decision it serves (does one more draft token pay?) depends on the
 *marginal* cost, which flat or noisy segments between buckets would get badly wrong. Calibrated
 profile points are kept as permanent anchors; before any data the prior line stands in.
+
+Draft depth: with a draft model (or layer-skip drafting) every draft *position* costs one more
+proposer pass whatever the number of rows, so a step's time also grows with its deepest draft d.
+`depth_s` is that cost per position, fitted globally (t = a + b n + c d by least squares over the
+window, c >= 0); the local lines are fitted to t - c d. With n-gram drafting c comes out ~0.
 No clock here: durations come in from outside.
 """
 
@@ -27,22 +32,34 @@ class StepCostModel:
         self.per_token_s = per_token_s
         self.alpha = alpha                        # kept for callers that tune it; unused by the local fit
         self._anchors = [(float(n), float(t)) for n, t in (profile or []) if n > 0 and t > 0]
-        self._obs: deque[tuple[float, float]] = deque(maxlen=window)
+        self._obs: deque[tuple[float, float, float]] = deque(maxlen=window)   # (tokens, s, depth)
         self._version = 0
         self._cache: dict[tuple[int, int], tuple[float, float]] = {}
         self._global: tuple[int, tuple[float, float]] | None = None
+        self._depth: tuple[int, float] | None = None
 
-    def observe(self, num_tokens: int, duration_s: float) -> None:
+    def observe(self, num_tokens: int, duration_s: float, depth: int = 0) -> None:
+        """One step: `num_tokens` computed (drafts included) in `duration_s`, deepest draft `depth`."""
         if num_tokens <= 0 or duration_s <= 0:
             return
-        self._obs.append((float(num_tokens), float(duration_s)))
+        self._obs.append((float(num_tokens), float(duration_s), float(max(0, depth))))
         self._version += 1
+
+    @property
+    def depth_s(self) -> float:
+        """Seconds one more draft position adds to a step (>= 0; 0 until depths vary)."""
+        if self._depth is not None and self._depth[0] == self._version // 16:
+            return self._depth[1]
+        c = _depth_coefficient(list(self._obs))
+        self._depth = (self._version // 16, c)
+        return c
 
     def _points(self):
         for n, t in self._anchors:
             yield n, t, _ANCHOR_WEIGHT
-        for n, t in self._obs:
-            yield n, t, 1.0
+        c = self.depth_s
+        for n, t, d in self._obs:
+            yield n, t - c * d, 1.0
 
     def _global_line(self) -> tuple[float, float]:
         if self._global is not None and self._global[0] == self._version // 16:
@@ -80,6 +97,25 @@ class StepCostModel:
             out.append((n, self.time(n)))
             n *= 2
         return out
+
+
+def _depth_coefficient(obs: list[tuple[float, float, float]]) -> float:
+    """c in t = a + b n + c d, least squares (centred normal equations); 0 when d does not vary."""
+    if len(obs) < 8:
+        return 0.0
+    k = len(obs)
+    mn = sum(o[0] for o in obs) / k
+    mt = sum(o[1] for o in obs) / k
+    md = sum(o[2] for o in obs) / k
+    snn = sum((n - mn) ** 2 for n, _, _ in obs)
+    sdd = sum((d - md) ** 2 for _, _, d in obs)
+    snd = sum((n - mn) * (d - md) for n, _, d in obs)
+    snt = sum((n - mn) * (t - mt) for n, t, _ in obs)
+    sdt = sum((d - md) * (t - mt) for _, t, d in obs)
+    det = snn * sdd - snd * snd
+    if sdd < 1e-9 or det <= 1e-12 * max(1.0, snn * sdd):
+        return 0.0
+    return max(0.0, (snn * sdt - snd * snt) / det)
 
 
 def _fit(pts: list[tuple[float, float, float]], prior_slope: float | None) -> tuple[float, float] | None:

@@ -67,9 +67,12 @@ class AugServeOrdering:
             if v is None:
                 v = r.extra["_stage1"] = self.service_time(r, r.num_prompt_tokens)
             return (1, v, seq)
-        waited = now - (r.last_resumed if r.last_resumed is not None else r.arrival_time)
+        since = r.last_resumed if r.last_resumed is not None else r.arrival_time
+        waited = now - since
         if waited >= self.max_wait_s:
-            return (0, r.arrival_time, seq)
+            # Longest wait first. (By arrival time, requests resuming from tools, which arrived
+            # long ago, would keep overtaking new ones that had waited longer: unbounded waits.)
+            return (0, since, seq)
         pending = r.num_tokens - r.num_computed_tokens
         v = self.service_time(r, pending) - self.aging * waited
         v += self.memory_pressure ** 2 * pending * self.prefill_token_s * 4

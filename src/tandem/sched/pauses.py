@@ -24,14 +24,17 @@ class PauseBook:
         self.tools = tools
         self.swap_budget_blocks = swap_budget_blocks
         self.paused: dict[str, Request] = {}
+        self._holding: set[str] = set()     # paused requests that kept device blocks (read every step)
         self.pending_swap_out: list[tuple[int, int]] = []
         self._swapped_this_step = 0
         self.num_actions = {a: 0 for a in KVAction}
 
     @property
     def num_held_blocks(self) -> int:
-        """Device blocks held by paused (preserved) requests."""
-        return sum(r.pause.num_held_blocks for r in self.paused.values())
+        """Device blocks held by paused (preserved) requests. Only `pause` sets a held count, and it
+        records the request in `_holding`; entries of requests gone since are skipped."""
+        paused = self.paused
+        return sum(paused[rid].pause.num_held_blocks for rid in self._holding if rid in paused)
 
     def pause(self, r: Request, now: float, expected_s: float | None, other_tokens: int, tool: str) -> KVAction:
         key = tool or tool_key(r)
@@ -48,6 +51,7 @@ class PauseBook:
             r.num_computed_tokens = 0
         else:
             held = nblocks
+            self._holding.add(r.request_id)
         r.status = RequestStatus.PAUSED_TOOL
         r.pause = PauseState(action, now, expected, key, held)
         r.num_tool_calls += 1
@@ -57,6 +61,7 @@ class PauseBook:
 
     def resume(self, r: Request, token_ids: list[int], now: float) -> None:
         del self.paused[r.request_id]
+        self._holding.discard(r.request_id)
         r.token_ids.extend(token_ids)
         r.num_injected_tokens += len(token_ids)
         self.tools.observe_call(r.pause.tool, now - r.pause.since, len(token_ids))

@@ -154,7 +154,7 @@ class Scheduler:
         budget = self._schedule_running(plan, budget, now)
         if self.max_draft_tokens:
             budget = self._assign_drafts(plan, budget)
-        if not plan.preempted_ids:
+        if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
             self._schedule_waiting(plan, budget, now)
         self.kv.end_step()
         self.pauses.end_step()
@@ -199,7 +199,9 @@ class Scheduler:
                 i += 1
                 continue
             while not self.kv.can_allocate(request, num_new):
-                if self.pauses.discard_preserved():
+                # Cheapest first: KV a paused request keeps, then KV a waiting request kept
+                # across its pause (both recomputed later), then a running request's.
+                if self.pauses.discard_preserved() or self._free_waiting_kv():
                     continue
                 victim = choose_victim(self.running[i:], self.ordering, now)
                 self._preempt(victim, plan)
@@ -224,11 +226,13 @@ class Scheduler:
                     break
                 num_new = budget
             watermark = self._watermark_blocks if self.running else 0
+            # A swapped request holds no device blocks: this counts all of its context, including
+            # the blocks swap_in will take (adding num_swapped_blocks would count them twice).
             need = self.kv.num_blocks_to_take(request, num_new, computed_blocks)
-            if swapped:
-                need += self.kv.num_swapped_blocks(request.request_id)
             if need + watermark > self.kv.num_free_blocks:
-                break
+                if self.running or not self._release_kv_for(request):
+                    break
+                continue
             self.waiting.pop(0)
             if swapped:
                 plan.swap_in.extend(self.kv.swap_in(request))
@@ -241,6 +245,22 @@ class Scheduler:
             self.running.append(request)
             self._add_to_plan(plan, request, num_new)
             budget -= num_new
+
+    def _release_kv_for(self, head: Request) -> bool:
+        """Nothing runs and the head of the queue does not fit: free KV that a paused (preserved)
+        or a lower-ranked waiting request keeps (it is recomputed later). Without this, requests
+        that resumed with kept KV could fill the cache while the head waits for it forever."""
+        return self.pauses.discard_preserved() or self._free_waiting_kv(exclude=head)
+
+    def _free_waiting_kv(self, exclude: Request | None = None) -> bool:
+        """Free the device KV of the lowest-ranked waiting request that holds some (one that came
+        back from a tool call with its KV kept); False if none does."""
+        for r in reversed(self.waiting):
+            if r is not exclude and self.kv.num_blocks_of(r.request_id):
+                self.kv.free(r)
+                r.num_computed_tokens = 0
+                return True
+        return False
 
     def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens
@@ -312,7 +332,8 @@ class Scheduler:
         if self._step_started is None:
             return
         unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
-        self.cost.observe(plan.num_tokens - unused, now - self._step_started)
+        depth = max(result.num_draft_tokens.values(), default=0)
+        self.cost.observe(plan.num_tokens - unused, now - self._step_started, depth)
         self._step_started = None
 
     def _append_tokens(self, request: Request, new_ids: list[int]) -> tuple[list[int], FinishReason | None]:

@@ -98,19 +98,40 @@ class BatchSizeTable(_NoLearning):
         return [min(k, lim) for lim in limits]
 
 
-def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int, cost: StepCostModel) -> list[int]:
+def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
+                cost: StepCostModel, depth_aware: bool = False) -> list[int]:
     """Draft lengths from admitting (request, position) slots best-first while the marginal slot pays.
 
     Slot (i, j) survives verification with probability prod_{m<=j} est[i][m-1]; a request's slots
     come in position order (the product only falls). With G expected tokens and T tokens in the
     step so far, the next slot (score s) pays iff (G + s) / t(T + 1) > G / t(T).
+
+    `depth_aware`: the step also costs `cost.depth_s` per position of its deepest draft (a draft
+    model runs once per position). Then each cap D on the depth is tried (the fixed part of the
+    step grows by D * depth_s) and the cap with the best tokens per second wins.
     """
+    a, b = cost.line(num_base_tokens)
+    c = cost.depth_s if depth_aware else 0.0
+    if c <= 0.0:
+        return _admit(est, limits, num_base_tokens, a, b)[0]
+    n = len(est)
+    best, best_rate = [0] * n, n / max(1e-9, a + b * num_base_tokens)
+    for cap in range(1, max(limits, default=0) + 1):
+        ks, gain = _admit(est, [min(lim, cap) for lim in limits], num_base_tokens, a + c * cap, b)
+        depth = max(ks, default=0)
+        rate = (n + gain) / max(1e-9, a + c * depth + b * (num_base_tokens + sum(ks)))
+        if rate > best_rate:
+            best, best_rate = ks, rate
+    return best
+
+
+def _admit(est: list[list[float]], limits: list[int], num_base_tokens: int,
+           a: float, b: float) -> tuple[list[int], float]:
+    """Greedy slot admission under the step line t(T) = a + b T; (lengths, expected accepted)."""
     ks = [0] * len(est)
     survive = [1.0] * len(est)                  # prod_{m <= k_i} a_i(m)
     heap = [(-e[0], i) for i, e in enumerate(est) if limits[i] > 0]
     heapq.heapify(heap)
-    # The cost's local line at this step's size: t(T + d) = a + b (T + d) for the slots added.
-    a, b = cost.line(num_base_tokens)
     tokens, gain = num_base_tokens, float(len(est))
     t = max(1e-9, a + b * tokens)
     while heap:
@@ -124,7 +145,7 @@ def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
         tokens, gain, t = tokens + 1, gain + delta, t_next
         if ks[i] < limits[i]:
             heapq.heappush(heap, (-(survive[i] * est[i][ks[i]]), i))
-    return ks
+    return ks, gain - len(est)
 
 
 class AcceptanceModel:
@@ -184,7 +205,7 @@ class AdaptiveLength:
         if not requests:
             return []
         est = [self.acceptance.estimates(r.request_id) for r in requests]
-        best = admit_slots(est, limits, num_base_tokens, self.cost)
+        best = admit_slots(est, limits, num_base_tokens, self.cost, depth_aware=True)
         last = [min(self._last.get(r.request_id, 0), lim) for r, lim in zip(requests, limits)]
         if last != best and self._value(est, last, num_base_tokens) >= \
                 self._value(est, best, num_base_tokens) * (1 - self.dead_band):
@@ -201,7 +222,8 @@ class AdaptiveLength:
                 p *= e[m]
                 gain += p
         a, b = self.cost.line(base)
-        return (len(est) + gain) / max(1e-9, a + b * (base + sum(ks)))
+        depth = self.cost.depth_s * max(ks, default=0)
+        return (len(est) + gain) / max(1e-9, a + depth + b * (base + sum(ks)))
 
     def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         self.acceptance.observe(request.request_id, num_drafted, num_accepted)

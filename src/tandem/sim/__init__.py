@@ -22,5 +22,5 @@ from tandem.sim.run import SimRun, saturation_capacity, simulate
 from tandem.sim.workload import SimRequest, WorkloadSpec, build_workload
 
 __all__ = ["SimConfig", "build_scheduler", "CostModel", "make_cost_model", "SimEngine", "SimExecutor", "SLO",
-           "RequestRecord", "summarize", "SimRun", "saturation_capacity", "simulate", "SimRequest", "WorkloadSpec",
-           "build_workload"]
+           "RequestRecord", "summarize", "SimRun", "saturation_capacity", "simulate", "SimRequest",
+           "WorkloadSpec", "build_workload"]

@@ -43,7 +43,7 @@ class SimConfig:
 
 
 def typical_shape(num_tokens: int, max_num_seqs: int, context_tokens: int = 512) -> StepShape:
-    """A step of `num_tokens`: up to `max_num_seqs` decodes at `context_tokens`, the rest one prefill chunk."""
+    """A step of `num_tokens`: up to `max_num_seqs` decodes at `context_tokens`, the rest one chunk."""
     decodes = min(num_tokens, max_num_seqs)
     chunk = num_tokens - decodes
     seqs = decodes + (1 if chunk else 0)
@@ -57,13 +57,17 @@ def seeded_step_cost(cost: CostModel, cfg: SchedulerConfig) -> StepCostModel:
     top = max(2, cfg.max_num_batched_tokens)
     sizes = sorted({1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, top // 2, top} - {0})
     points = [(n, cost.step_time_s(typical_shape(n, cfg.max_num_seqs))) for n in sizes if n <= top]
-    t1, t_half, t_top = points[0][1], cost.step_time_s(typical_shape(top // 2, cfg.max_num_seqs)), points[-1][1]
+    t1, t_top = points[0][1], points[-1][1]
+    t_half = cost.step_time_s(typical_shape(top // 2, cfg.max_num_seqs))
     per_token = max(1e-7, (t_top - t_half) / max(1, top - top // 2))
     return StepCostModel(base_s=max(1e-6, t1 - per_token), per_token_s=per_token, profile=points)
 
 
 def build_scheduler(cfg: SimConfig, cost: CostModel, deployment: Deployment | None = None) -> Scheduler:
     dep = deployment or cost.deployment()
+    if getattr(cost, "block_size", cfg.block_size) != cfg.block_size:
+        raise ValueError(f"the cost model is sized for KV blocks of {cost.block_size} tokens, "
+                         f"not {cfg.block_size}")
     kv = KVCacheManager(dep.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
                         num_host_blocks=dep.num_host_blocks)
     step_cost = seeded_step_cost(cost, cfg.scheduler) if cfg.seed_step_cost else StepCostModel()

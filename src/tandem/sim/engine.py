@@ -85,9 +85,10 @@ class SimEngine:
         self.loop.run()
         stuck = [rid for rid, r in self._requests.items() if not r.is_finished]
         if stuck:
+            s = self.scheduler
             raise RuntimeError(f"simulation ended with {len(stuck)} unfinished requests (e.g. {stuck[:3]}): "
-                               f"waiting {self.scheduler.num_waiting}, running {self.scheduler.num_running}, "
-                               f"paused {self.scheduler.num_paused}, free KV blocks {self.scheduler.kv.num_free_blocks}")
+                               f"waiting {s.num_waiting}, running {s.num_running}, paused {s.num_paused}, "
+                               f"free KV blocks {s.kv.num_free_blocks}")
         return [self.records[r.request_id] for r in reqs]
 
     def _kick(self, now: float) -> list[Event]:
@@ -151,7 +152,7 @@ class SimEngine:
             return []
         plan = self.scheduler.schedule(now)
         if plan.is_empty:                 # nothing fits until something changes: wait for an event
-            return []
+            return self._kick(now) if plan.preempted_ids else []   # (the engine's loop would retry)
         self.num_steps += 1
         if self.on_plan is not None:
             self.on_plan(now, plan)
@@ -162,16 +163,16 @@ class SimEngine:
     def _on_step_done(self, plan: StepPlan, result: StepResult, now: float) -> list[Event]:
         self._busy = False
         out: list[Event] = []
+        cursors = self._cursors
         for u in self.scheduler.update(plan, result, now):
-            rid = u.request.request_id
-            self.records[rid].output_tokens += len(u.new_token_ids)
             if u.finished:
                 self._close(u.request, now, str(u.request.finish_reason))
                 continue
-            cursor = self._cursors.get(rid)
-            seg = cursor.on_tokens(len(u.new_token_ids)) if cursor is not None else None
-            if seg is not None:
-                out.append(self._pause(rid, seg, now))
+            cursor = cursors.get(u.request.request_id)
+            if cursor is not None:
+                seg = cursor.on_tokens(len(u.new_token_ids))
+                if seg is not None:
+                    out.append(self._pause(u.request.request_id, seg, now))
         return out + self._kick(now)
 
     # --- tool calls ------------------------------------------------------------------------
@@ -206,6 +207,7 @@ class SimEngine:
         rec = self.records[rid]
         rec.first_token_s = request.times.first_token
         rec.finished_s, rec.finish_reason = now, reason
+        rec.output_tokens = request.num_output_tokens
         rec.num_preemptions = request.num_preemptions
         spec = request.spec
         rec.num_draft_tokens, rec.num_accepted_tokens, rec.num_spec_steps = \

@@ -127,8 +127,9 @@ def summarize(records: list[RequestRecord], slo: SLO | None = None) -> dict[str,
     if drafted:
         steps = sum(r.num_spec_steps for r in records)
         accepted = sum(r.num_accepted_tokens for r in records)
-        s["spec"] = {"draft_tokens": drafted, "accepted_tokens": accepted, "acceptance_rate": accepted / drafted,
-                     "mean_draft_length": drafted / steps, "mean_accepted_length": 1 + accepted / steps}
+        s["spec"] = {"draft_tokens": drafted, "accepted_tokens": accepted,
+                     "acceptance_rate": accepted / drafted, "mean_draft_length": drafted / steps,
+                     "mean_accepted_length": 1 + accepted / steps}
     calls = sum(r.num_tool_calls for r in records)
     if calls:
         s["tool_calls"] = calls

@@ -30,7 +30,8 @@ class SimRun:
     records: list[RequestRecord] = field(default_factory=list)
 
     def as_dict(self, keep_records: bool = False) -> dict[str, Any]:
-        out = {"summary": self.summary, "counters": self.counters, "sim": self.speed, "deployment": self.deployment}
+        out = {"summary": self.summary, "counters": self.counters, "sim": self.speed,
+               "machine": self.deployment}
         if keep_records:
             out["records"] = [r.as_dict() for r in self.records]
         return out

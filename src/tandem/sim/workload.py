@@ -62,7 +62,7 @@ class SimRequest:
 class WorkloadSpec:
     dataset: str = "augmented"          # augmented[:TYPE] | synthetic | a trace file (lengths or segments)
     num_requests: int = 1000
-    arrival: str = "poisson"            # poisson | gamma | diurnal | trace (the dataset's timestamps) | a file
+    arrival: str = "poisson"            # poisson | gamma | diurnal | trace (dataset timestamps) | a file
     rate: float = 1.0                   # mean requests/s
     cv: float = 2.0                     # gamma: coefficient of variation of the gaps
     peak_valley_ratio: float = 35.0     # diurnal

@@ -26,5 +26,6 @@ def make_cost_model(hardware: str, model: str | dict | None = None, draft: str |
         return CalibratedCost(load_profile(path))
     if model is None:
         raise ValueError(f"hardware {hardware!r} needs a model")
-    return RooflineCost(get_model(model), get_hardware(hardware), num_gpus, get_model(draft) if draft else None,
-                        block_size, gpu_memory_utilization, swap_space_gb)
+    draft_arch = get_model(draft) if draft else None
+    return RooflineCost(get_model(model), get_hardware(hardware), num_gpus, draft_arch, block_size,
+                        gpu_memory_utilization, swap_space_gb)

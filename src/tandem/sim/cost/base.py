@@ -32,24 +32,24 @@ class StepShape:
         return sum(self.draft_rows)
 
 
-def shape_of(plan: StepPlan) -> StepShape:
-    """The shape of a plan whose draft slots are all drafted and verified (a draft model always
-    proposes as many tokens as it is asked for)."""
+def shape_of(plan: StepPlan, verified: dict[str, int] | None = None) -> StepShape:
+    """The shape of a plan. Every draft slot is drafted and verified (a simulated draft model
+    proposes as many tokens as asked) unless `verified` says how many each request verified."""
     tokens = rows = prefill = ctx = pairs = dctx = 0
-    max_k = max((s.num_draft_tokens for s in plan.seqs), default=0)
-    draft_rows = [0] * max_k
-    for s in plan.seqs:
-        n = s.num_tokens + s.num_draft_tokens
+    ks = [s.num_draft_tokens if verified is None else verified.get(s.request_id, 0) for s in plan.seqs]
+    draft_rows = [0] * max(ks, default=0)
+    for s, k in zip(plan.seqs, ks):
+        n = s.num_tokens + k
         tokens += n
         if s.num_tokens > 1:
             prefill += s.num_tokens
         if s.sample:
-            rows += 1 + s.num_draft_tokens
+            rows += 1 + k
         ctx += s.start + n
         pairs += n * s.start + n * (n + 1) // 2
-        if s.num_draft_tokens:
+        if k:
             dctx += s.start + s.num_tokens
-            for p in range(s.num_draft_tokens):
+            for p in range(k):
                 draft_rows[p] += 1
     return StepShape(len(plan.seqs), tokens, rows, prefill, ctx, pairs, tuple(draft_rows), dctx,
                      len(plan.swap_out) + len(plan.swap_in))

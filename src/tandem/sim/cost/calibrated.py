@@ -55,15 +55,21 @@ def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit(samples: list[dict[str, Any]], features: tuple[str, ...] = tuple(FEATURES)) -> dict[str, Any]:
-    """Coefficients minimising relative error over the samples, and the fit's errors."""
+    """Coefficients minimising relative error over the samples, and the fit's errors. One trimming
+    pass drops outliers (steps off by more than 3x the median error and 30%: a GC pause, a noisy
+    neighbour) and refits; how many were dropped is recorded."""
     shapes = [shape_from_sample(s) for s in samples]
     y = np.array([s["seconds"] for s in samples])
     x = np.array([[FEATURES[f](sh) for f in features] for sh in shapes])
     w = 1.0 / y                                       # relative error: every step counts alike
     coef = nonnegative_lstsq(x * w[:, None], y * w)
     rel = np.abs(x @ coef - y) / y
-    return {"features": list(features), "coef": [float(c) for c in coef],
-            "rel_error_mean": float(rel.mean()), "rel_error_max": float(rel.max())}
+    keep = rel <= max(0.3, 3 * float(np.median(rel)))
+    coef = nonnegative_lstsq(x[keep] * w[keep, None], y[keep] * w[keep])
+    rel = np.abs(x @ coef - y) / y
+    return {"features": list(features), "coef": [float(c) for c in coef], "num_outliers": int((~keep).sum()),
+            "rel_error_mean": float(rel[keep].mean()), "rel_error_median": float(np.median(rel[keep])),
+            "rel_error_max": float(rel[keep].max())}
 
 
 @dataclass
@@ -97,8 +103,10 @@ class CalibratedCost:
 
     def deployment(self) -> Deployment:
         eng = self.profile["engine"]
-        desc = f"{self.profile.get('model', '?')} on {self.profile.get('machine', {}).get('cpu', '?')} (calibrated)"
-        return Deployment(int(eng["num_kv_blocks"]), int(eng.get("num_host_blocks", 0)), self.swap_s_per_token, desc)
+        cpu = self.profile.get("machine", {}).get("cpu", "?")
+        desc = f"{self.profile.get('model', '?')} on {cpu} (calibrated)"
+        host = int(eng.get("num_host_blocks", 0))
+        return Deployment(int(eng["num_kv_blocks"]), host, self.swap_s_per_token, desc)
 
 
 def load_profile(path: str | Path | None = None) -> dict[str, Any]:

@@ -87,5 +87,6 @@ def get_model(name_or_dict: str | dict) -> ModelArch:
         return ModelArch(**name_or_dict)
     key = name_or_dict.lower()
     if key not in MODELS:
-        raise ValueError(f"unknown model {name_or_dict!r}; known: {', '.join(MODELS)} (or give a dict of fields)")
+        raise ValueError(f"unknown model {name_or_dict!r}; known: {', '.join(MODELS)} "
+                         "(or give a dict of ModelArch fields)")
     return MODELS[key]

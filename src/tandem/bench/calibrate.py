@@ -1,0 +1,162 @@
+"""`tandem simulate calibrate`: profile this engine on this machine for the simulator.
+
+Builds the real engine (default model and configuration unless told otherwise) and runs short
+workloads whose steps cover what the cost model needs: single prefill chunks of 8-1024 tokens,
+decode batches of 1-64 sequences at 64-1536 tokens of context, verification of 2-8 n-gram drafts
+per request, and a mixed batch. Every engine step is one sample: its shape (from the plan and
+the drafts actually verified) and its wall seconds around `LLMEngine.step()` (schedule + execute +
+update: what the simulator's virtual step stands for). The fit and the profile format live in
+tandem.sim.cost.calibrated. About a minute on two cores (`quick`: about half).
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import random
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from tandem.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
+from tandem.engine.llm_engine import LLMEngine
+from tandem.llm import build_engine
+from tandem.models.fetch import resolve_model
+from tandem.runner.model_runner import ModelRunner
+from tandem.sampling_params import SamplingParams
+from tandem.sched.spec_length import FixedLength
+from tandem.sim.cost.base import shape_of
+from tandem.sim.cost.calibrated import FORMAT, SHAPE_FIELDS, fit
+from tandem.spec.factory import make_spec_decoder
+from tandem.types import StepPlan, StepResult
+
+Log = Callable[[str], None]
+PREFILL = (8, 32, 64, 128, 256, 512, 1024)
+DECODE = ((1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (32, 64), (64, 64), (1, 512), (8, 512), (32, 512),
+          (4, 1536))
+VERIFY = ((1, 2), (1, 4), (1, 8), (8, 4), (8, 8), (32, 4))
+
+
+class _Recorder:
+    """Wraps the engine's executor and keeps the last step's plan and result."""
+
+    def __init__(self, inner: ModelRunner) -> None:
+        self.inner = inner
+        self.last: tuple[StepPlan, StepResult] | None = None
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        result = self.inner.execute(plan)
+        self.last = (plan, result)
+        return result
+
+    def release(self, request_ids: list[str]) -> None:
+        self.inner.release(request_ids)
+
+
+class _Session:
+    def __init__(self, engine: LLMEngine, rng: random.Random) -> None:
+        self.engine, self.rng = engine, rng
+        self.recorder = _Recorder(engine.executor)
+        engine.executor = self.recorder
+        self.samples: list[dict[str, Any]] = []
+
+    def prompt(self, n: int, period: int | None = None) -> list[int]:
+        hi = min(20000, self.engine.vocab_size)
+        draw = [self.rng.randrange(hi // 20, hi) for _ in range(period or n)]
+        return (draw * (n // len(draw) + 1))[:n]
+
+    def run(self, prompts: list[list[int]], max_tokens: int, phase: str) -> None:
+        eng = self.engine
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        for p in prompts:
+            eng.add_request(prompt_token_ids=p, params=params)
+        while eng.has_unfinished_requests():
+            before = eng.last_step
+            t = time.perf_counter()
+            eng.step()
+            dt = time.perf_counter() - t
+            if eng.last_step is not before and self.recorder.last is not None:
+                plan, result = self.recorder.last
+                shape = shape_of(plan, result.num_draft_tokens)
+                sample = {k: getattr(shape, k) for k in SHAPE_FIELDS}
+                sample.update(num_draft_tokens=shape.num_draft_tokens, seconds=dt, phase=phase)
+                self.samples.append(sample)
+
+
+def _copy_bytes_per_s(mb: int = 64) -> float:
+    src = torch.ones(mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return src.numel() * 4 / statistics.median(times)
+
+
+def _speculate(engine: LLMEngine, runner: ModelRunner, k: int | None) -> None:
+    """Attach n-gram speculation with k drafts per request (None: detach)."""
+    sched = engine.scheduler
+    if k is None:
+        runner.spec, sched.spec_policy, sched.max_draft_tokens = None, None, 0
+        return
+    runner.spec = make_spec_decoder(SpecConfig(method="ngram", max_draft_tokens=k), runner, engine.vocab_size)
+    sched.spec_policy, sched.max_draft_tokens = FixedLength(k), k
+
+
+def measure(session: _Session, runner: ModelRunner, quick: bool, log: Log) -> None:
+    reps = 1 if quick else 2
+    fits = session.engine.max_model_len - 64          # longer prompts are skipped (small-context models)
+    session.run([session.prompt(16)], 4, "warmup")
+    for t in [t for t in (PREFILL[:-1] if quick else PREFILL) if t < fits]:
+        for _ in range(reps):
+            session.run([session.prompt(t)], 2, f"prefill-{t}")
+    log(f"  prefill done ({len(session.samples)} steps)")
+    for b, c in [(b, c) for b, c in (DECODE[::2] if quick else DECODE) if c < fits]:
+        session.run([session.prompt(c) for _ in range(b)], 6 if quick else 8, f"decode-{b}x{c}")
+    log(f"  decode done ({len(session.samples)} steps)")
+    for b, k in VERIFY[::2] if quick else VERIFY:
+        _speculate(session.engine, runner, k)
+        session.run([session.prompt(96, period=8) for _ in range(b)], 16 if quick else 24, f"verify-{b}x{k}")
+    _speculate(session.engine, runner, None)
+    log(f"  verification done ({len(session.samples)} steps)")
+    rng = session.rng
+    mixed = [session.prompt(rng.randint(32, 400)) for _ in range(12 if quick else 24)]
+    session.run(mixed, 24 if quick else 48, "mixed")
+    log(f"  mixed done ({len(session.samples)} steps)")
+
+
+def calibrate(model: str | None = None, quick: bool = False, log: Log = print,
+              seed: int = 0) -> dict[str, Any]:
+    """Measure the engine and return a simulator profile (see tandem.sim.cost.calibrated)."""
+    sched_cfg, cache_cfg = SchedulerConfig(), CacheConfig()
+    engine = build_engine(ModelConfig(model=model, seed=seed), cache_cfg, sched_cfg, None, progress=False)
+    runner = engine.executor
+    cfg = runner.model.cfg
+    elem = torch.empty((), dtype=runner.model.dtype).element_size()
+    session = _Session(engine, random.Random(seed))
+    t0 = time.perf_counter()
+    measure(session, runner, quick, log)
+    samples = [s for s in session.samples if s["phase"] != "warmup"]
+    decode_b1 = [s["seconds"] for s in samples if s["phase"] == "decode-1x64" and s["num_tokens"] == 1]
+    kv = engine.scheduler.kv
+    return {
+        "format": FORMAT,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "model": resolve_model(model, False).name,
+        "dtype": str(runner.model.dtype).replace("torch.", ""),
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__},
+        "engine": {"block_size": kv.block_size, "num_kv_blocks": kv.num_blocks,
+                   "num_host_blocks": kv.num_host_blocks,
+                   "max_num_batched_tokens": sched_cfg.max_num_batched_tokens,
+                   "max_num_seqs": sched_cfg.max_num_seqs,
+                   "max_model_len": engine.max_model_len,
+                   "kv_bytes_per_token": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem},
+        "copy_bytes_per_s": _copy_bytes_per_s(),
+        "probe": {"decode_b1_ctx64_s": statistics.median(decode_b1) if decode_b1 else None},
+        "calibration_wall_s": time.perf_counter() - t0,
+        "fit": fit(samples), "samples": samples,
+    }

@@ -1,0 +1,145 @@
+"""`tandem simulate`: argument setup and commands (kept out of cli.py).
+
+    tandem simulate --scenario faser|augserve|FILE [--json PATH] [--plots DIR] [--seed N] [--requests N]
+    tandem simulate calibrate [--json PATH] [--quick]       profile this engine on this machine
+    tandem simulate speed [--requests N] [--rate R]           the simulator's own speed (events/s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DESCRIPTION = __doc__
+
+
+def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    s = sub.add_parser("simulate", help="discrete-event simulator on the real scheduler (paper scale)",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--scenario", default=None, help="faser | augserve | a scenario JSON file")
+    s.add_argument("--json", default=None, help="write the results here")
+    s.add_argument("--plots", default=None, help="write PNG plots into this directory")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--requests", type=int, default=None, help="requests per run (scenario default otherwise)")
+    s.add_argument("--hardware", default=None, help="faser: accelerator preset (default H100-80GB)")
+    s.add_argument("--gpus", type=int, default=None, help="faser: GPUs for the 32B target (default 2)")
+    s.add_argument("--peak-load", type=float, default=None,
+                   help="faser: diurnal peak / no-SD capacity (default 1)")
+    s.add_argument("--deployments", default=None,
+                   help="augserve: MODEL@HARDWARE,... (default: llama3-8b and llama2-13b on A100-80GB "
+                        "and H100-80GB)")
+    s.add_argument("--policies", default=None, help="augserve: scheduling policies to compare")
+    s.set_defaults(func=cmd_simulate)
+    ssub = s.add_subparsers(dest="sim_command")
+    c = ssub.add_parser("calibrate", help="profile this engine (default model, CPU) into a simulator profile")
+    c.add_argument("--json", dest="profile_json", default=None, help="profile file to write (default: print)")
+    c.add_argument("--quick", action="store_true", help="fewer shapes and repeats (about a minute)")
+    c.add_argument("--model", default=None, help="model to profile (default: the default model)")
+    c.set_defaults(func=cmd_calibrate)
+    p = ssub.add_parser("speed", help="simulate N augmented-mixture requests and report events/s")
+    p.add_argument("--requests", dest="speed_requests", type=int, default=10000)
+    p.add_argument("--rate", type=float, default=20.0, help="Poisson rate (req/s)")
+    p.add_argument("--policy", default="fcfs-discard")
+    p.add_argument("--hardware", dest="speed_hardware", default="H100-80GB")
+    p.add_argument("--model", dest="speed_model", default="llama3-8b")
+    p.set_defaults(func=cmd_speed)
+    return s
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _write(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(data, indent=1, default=str))
+        print(f"results written to {path}")
+
+
+def _run_scenario(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from tandem.sim import report
+
+    name = a.scenario
+    if name == "faser":
+        from tandem.sim.scenarios.faser import FaserOptions, run_faser
+
+        opts = FaserOptions()
+        for attr, value in (("num_requests", a.requests), ("seed", a.seed), ("hardware", a.hardware),
+                            ("num_gpus", a.gpus), ("peak_load", a.peak_load)):
+            if value is not None:
+                setattr(opts, attr, value)
+        res = run_faser(opts, _log)
+        return res, report.faser_tables(res)
+    if name == "augserve":
+        from tandem.sim.scenarios.augserve import AugServeOptions, run_augserve
+
+        opts = AugServeOptions()
+        if a.requests is not None:
+            opts.num_requests = opts.probe_requests = a.requests
+        if a.seed is not None:
+            opts.seed = a.seed
+        if a.deployments:
+            opts.deployments = tuple(tuple(d.split("@")) for d in a.deployments.split(","))
+        if a.policies:
+            opts.policies = tuple(a.policies.split(","))
+        res = run_augserve(opts, _log)
+        return res, report.augserve_tables(res)
+    from tandem.sim.scenarios.file import run_file
+
+    if not Path(name).is_file():
+        raise ValueError(f"unknown scenario {name!r}: faser, augserve, or a scenario JSON file")
+    res = run_file(name, _log, a.seed, a.requests)
+    return res, report.file_tables(res)
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    if not a.scenario:
+        print("tandem simulate: error: give --scenario faser|augserve|FILE "
+              "(or a subcommand: calibrate, speed)", file=sys.stderr)
+        return 2
+    try:
+        res, text = _run_scenario(a)
+    except ValueError as e:
+        print(f"tandem simulate: error: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    _write(a.json, res)
+    if a.plots:
+        from tandem.sim.plots import plot_results
+
+        for p in plot_results(res, a.plots):
+            print(f"plot written to {p}")
+    return 0
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from tandem.bench.calibrate import calibrate
+
+    profile = calibrate(model=a.model, quick=a.quick, log=_log)
+    fit = profile["fit"]
+    print(f"fit over {len(profile['samples'])} steps: mean error {fit['rel_error_mean']:.1%}, "
+          f"max {fit['rel_error_max']:.1%}; coefficients " +
+          ", ".join(f"{n}={c:.3g}" for n, c in zip(fit["features"], fit["coef"])))
+    if a.profile_json:
+        _write(a.profile_json, profile)
+    else:
+        print(json.dumps(profile, indent=1))
+    return 0
+
+
+def cmd_speed(a: argparse.Namespace) -> int:
+    from tandem.sim.speed import measure_speed
+
+    res = measure_speed(a.speed_requests, a.rate, a.policy, a.speed_hardware, a.speed_model)
+    s = res["sim"]
+    tokens = res["summary"]["total_output_tokens"]
+    print(f"{a.speed_requests} augmented-mixture requests ({a.policy}, {a.speed_model} on "
+          f"{a.speed_hardware}, {a.rate} req/s): {s['wall_s']:.1f} s wall, {s['events']} events, "
+          f"{s['events_per_s']:,.0f} events/s, {res['counters']['steps']} steps, {tokens} output tokens "
+          f"({tokens / s['wall_s']:,.0f} per wall second), "
+          f"{res['counters']['virtual_end_s']:.0f} s simulated")
+    return 0

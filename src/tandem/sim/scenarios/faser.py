@@ -1,0 +1,138 @@
+"""The FASER comparison at paper scale: a Qwen3-0.6B draft for a Qwen3-32B target on H100 presets
+(2 GPUs by default: 65.5 GB of bf16 weights leave a single 80 GB GPU under 8 GB of KV), ShareGPT /
+HumanEval / LongBench-shaped synthetic lengths (workload.DEFAULT_KINDS), draft acceptance per kind
+(workload.DEFAULT_ACCEPTANCE).
+
+Policies: no speculation (no draft model loaded), fixed k = 2, 4, 8, vLLM's batch-size table
+(dynamic SD), vLLM's survival-probability slot admission, and Tandem's adaptive per-request
+length. Two measurements per policy:
+- throughput: saturation capacity (every request queued at once; finished requests per second
+  between the 10th and 90th percentile finish times) in requests/s and output tokens/s;
+- latency: a diurnal day (raised-cosine rate, peak/valley 35x) whose peak is `peak_load` x the
+  no-SD capacity: mean and p99 E2E latency, mean TPOT, p99 TTFT, and latency by time of day.
+The headline compares adaptive with the best baseline on each figure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import fmean
+from typing import Any
+
+from tandem.config import SpecConfig
+from tandem.sim.build import SimConfig
+from tandem.sim.cost import make_cost_model
+from tandem.sim.metrics import RequestRecord
+from tandem.sim.run import saturation_capacity
+from tandem.sim.scenarios.common import Log, RunSpec, default_scheduler, run_config, run_one
+from tandem.sim.workload import WorkloadSpec, build_workload
+
+MAX_K = 8
+
+
+def _spec(policy: str, k: int = MAX_K) -> SpecConfig:
+    return SpecConfig(method="draft", draft_model="qwen3-0.6b", policy=policy, max_draft_tokens=k)
+
+
+RUNS = (RunSpec("no-sd"), RunSpec("fixed-2", spec=_spec("fixed", 2)),
+        RunSpec("fixed-4", spec=_spec("fixed", 4)), RunSpec("fixed-8", spec=_spec("fixed", 8)),
+        RunSpec("bs-table", spec=_spec("table")),
+        RunSpec("survival", spec=_spec("survival")), RunSpec("adaptive", spec=_spec("adaptive")))
+
+
+@dataclass
+class FaserOptions:
+    num_requests: int = 2000
+    saturation_requests: int = 1000
+    hardware: str = "H100-80GB"
+    num_gpus: int = 2
+    target: str = "qwen3-32b"
+    draft: str = "qwen3-0.6b"
+    peak_valley_ratio: float = 35.0
+    peak_load: float = 1.0               # diurnal peak rate / no-SD saturation capacity
+    seed: int = 0
+    num_bins: int = 24                   # latency by time of day: one bin per "hour"
+
+
+def timeline(records: list[RequestRecord], period_s: float, bins: int) -> dict[str, Any]:
+    """Mean E2E latency and arrivals by arrival time (`bins` slices of the day), and mean E2E latency
+    of requests arriving in the valley (rate in the lowest quarter of its range) and at the peak
+    (highest quarter)."""
+    bin_s = period_s / bins
+    bins = max(bins, 1 + int(max((r.arrival_s for r in records), default=0.0) / bin_s))   # past the day: more
+    sums, counts = [0.0] * bins, [0] * bins
+    phase: dict[str, list[float]] = {"valley": [], "peak": []}
+    for r in records:
+        if r.e2e_s is None:
+            continue
+        b = int(r.arrival_s / bin_s)
+        sums[b] += r.e2e_s
+        counts[b] += 1
+        x = (1 - math.cos(2 * math.pi * r.arrival_s / period_s)) / 2     # 0 at the valley, 1 at the peak
+        if x < 0.25 or x > 0.75:
+            phase["valley" if x < 0.25 else "peak"].append(r.e2e_s)
+    return {"timeline": {"bin_s": bin_s, "arrivals": counts,
+                         "mean_e2e_s": [s / c if c else None for s, c in zip(sums, counts)]},
+            "valley_e2e_mean_s": fmean(phase["valley"]) if phase["valley"] else None,
+            "peak_e2e_mean_s": fmean(phase["peak"]) if phase["peak"] else None}
+
+
+def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
+    plain = make_cost_model(opts.hardware, opts.target, num_gpus=opts.num_gpus)
+    spec = make_cost_model(opts.hardware, opts.target, opts.draft, num_gpus=opts.num_gpus)
+    base = SimConfig(scheduler=default_scheduler(), seed=opts.seed)
+    log(f"{spec.deployment().description}")
+    sat_wl = WorkloadSpec(dataset="synthetic", arrival="poisson", num_requests=opts.saturation_requests)
+    sat_reqs = build_workload(sat_wl, opts.seed)
+    mean_out = sum(r.output_tokens for r in sat_reqs) / len(sat_reqs)
+    capacity = {}
+    for run in RUNS:
+        cost = spec if run.spec else plain
+        capacity[run.label] = saturation_capacity(cost, run_config(base, run), sat_reqs)
+        c = capacity[run.label]
+        log(f"  saturation {run.label:<9} {c:6.2f} req/s  {c * mean_out:8.0f} tok/s")
+    peak = opts.peak_load * capacity["no-sd"]
+    mean_rate = peak * (1 + opts.peak_valley_ratio) / (2 * opts.peak_valley_ratio)
+    period = opts.num_requests / mean_rate
+    wl = WorkloadSpec(dataset="synthetic", arrival="diurnal", num_requests=opts.num_requests, rate=mean_rate,
+                      peak_valley_ratio=opts.peak_valley_ratio, period_s=period)
+    log(f"  diurnal day: {opts.num_requests} requests over {period:.0f} s, mean {mean_rate:.2f} req/s, "
+        f"peak {peak:.2f} req/s, valley {peak / opts.peak_valley_ratio:.3f} req/s")
+    rows = []
+    for run in RUNS:
+        cost = spec if run.spec else plain
+        row = run_one(cost, base, run, wl, None, opts.seed, None,
+                      extra=lambda recs: timeline(recs, period, opts.num_bins))
+        row["saturation_rps"] = capacity[run.label]
+        row["saturation_tok_s"] = capacity[run.label] * mean_out
+        s = row["summary"]
+        log(f"  diurnal {run.label:<9} E2E mean {s['e2e_s']['mean']:6.2f} s p99 {s['e2e_s']['p99']:6.2f} s  "
+            f"TPOT {s['tpot_s']['mean'] * 1e3:5.1f} ms  TTFT p99 {s['ttft_s']['p99']:6.2f} s  "
+            f"({row['sim']['wall_s']:.1f} s)")
+        rows.append(row)
+    return {"scenario": "faser", "options": dict(opts.__dict__), "description": spec.deployment().description,
+            "diurnal": {"mean_rate": mean_rate, "peak_rate": peak, "period_s": period}, "rows": rows,
+            "headline": headline(rows)}
+
+
+def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Adaptive against the best baseline (and each one) on throughput and latency."""
+    by = {r["label"]: r for r in rows}
+    a = by["adaptive"]
+    baselines = [r for r in rows if r["label"] not in ("adaptive",)]
+    ours: dict[str, Any] = {"vs": {}}
+    for b in baselines:
+        ours["vs"][b["label"]] = {
+            "throughput_x": a["saturation_tok_s"] / b["saturation_tok_s"],
+            "mean_latency_x": b["summary"]["e2e_s"]["mean"] / a["summary"]["e2e_s"]["mean"],
+            "p99_latency_x": b["summary"]["e2e_s"]["p99"] / a["summary"]["e2e_s"]["p99"],
+            "valley_latency_x": b["valley_e2e_mean_s"] / a["valley_e2e_mean_s"],
+            "peak_latency_x": b["peak_e2e_mean_s"] / a["peak_e2e_mean_s"]}
+    best_tp = max(baselines, key=lambda r: r["saturation_tok_s"])
+    best_lat = min(baselines, key=lambda r: r["summary"]["e2e_s"]["mean"])
+    ours["vs_best_throughput"] = {"baseline": best_tp["label"], **ours["vs"][best_tp["label"]]}
+    ours["vs_best_latency"] = {"baseline": best_lat["label"], **ours["vs"][best_lat["label"]]}
+    ours["max_throughput_x"] = max(v["throughput_x"] for v in ours["vs"].values())
+    ours["max_mean_latency_x"] = max(v["mean_latency_x"] for v in ours["vs"].values())
+    return {"paper": {"throughput_x": 1.53, "latency_x": 1.92}, "ours": ours}

@@ -1,0 +1,115 @@
+"""Re-admission after tool pauses when KV is tight (found by the simulator, fixed in the scheduler):
+
+- a swapped request needs only its own blocks free to come back (the check counted them twice,
+  so a request could never return once the cache was more than half full);
+- when nothing runs and the head of the queue does not fit, KV kept by other waiting (resumed
+  after preserve) or paused requests is freed for recompute, instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+from tandem.config import SchedulerConfig
+from tandem.kv import KVCacheManager
+from tandem.sampling_params import SamplingParams
+from tandem.sched.policies import make_policy
+from tandem.sched.scheduler import Scheduler
+from tandem.sched.tool_policy import FixedAction
+from tandem.types import KVAction, Request, RequestStatus, StepResult
+
+BS = 4
+
+
+def make(num_blocks: int, action: KVAction, budget: int = 64) -> Scheduler:
+    cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=num_blocks * BS,
+                          watermark=0.0)
+    sched = Scheduler(cfg, KVCacheManager(num_blocks, BS, enable_prefix_caching=False, num_host_blocks=64))
+    sched.pauses.policy = FixedAction(action)
+    return sched
+
+
+def req(rid: str, n_prompt: int, arrival: float = 0.0) -> Request:
+    return Request(rid, list(range(1, n_prompt + 1)), SamplingParams(max_tokens=50, ignore_eos=True),
+                   arrival_time=arrival)
+
+
+def run_step(sched: Scheduler, now: float = 0.0):
+    plan = sched.schedule(now)
+    sched.update(plan, StepResult({s.request_id: [7] for s in plan.seqs if s.sample}), now)
+    return plan
+
+
+def test_swapped_request_comes_back_when_its_own_blocks_are_free():
+    sched = make(num_blocks=12, action=KVAction.SWAP)
+    a = req("a", 24)                               # 6 blocks
+    sched.add_request(a)
+    run_step(sched)
+    assert sched.pause_request("a", 0.0, 1.0) is KVAction.SWAP
+    hog = req("hog", 12, arrival=1.0)              # 3 blocks, 4 once it decodes
+    sched.add_request(hog)
+    plan = run_step(sched, 1.0)                    # carries a's swap-out copies
+    run_step(sched, 1.0)
+    assert plan.swap_out and sched.kv.is_swapped("a") and sched.kv.num_free_blocks == 8
+    sched.resume_request("a", [5, 5], 2.0)         # 27 tokens: 7 blocks, 6 of them swapped in
+    plan = run_step(sched, 2.0)
+    assert "a" in [s.request_id for s in plan.seqs]     # the old check wanted 7 + 6 = 13 free blocks
+    assert len(plan.swap_in) == 6 and a.status is RequestStatus.RUNNING
+
+
+def test_head_of_queue_gets_kv_kept_by_waiting_requests_when_nothing_runs():
+    sched = make(num_blocks=12, action=KVAction.PRESERVE)
+    held = req("held", 28)                         # 7 blocks, kept through its pause
+    sched.add_request(held)
+    run_step(sched)
+    assert sched.pause_request("held", 0.0, 5.0) is KVAction.PRESERVE
+    assert sched.pauses.num_held_blocks == 7
+    sched.resume_request("held", [9] * 3, 0.5)     # waiting again, its 7 blocks kept
+    assert sched.pauses.num_held_blocks == 0
+    head = req("head", 24, arrival=-1.0)           # FCFS puts it first; needs 6 blocks, 5 are free
+    sched.add_request(head)
+    assert sched.waiting[0] is head and sched.kv.num_free_blocks == 5 and not sched.running
+    plan = run_step(sched, 1.0)
+    assert [s.request_id for s in plan.seqs] == ["head"]      # before the fix: an empty plan, forever
+    assert held.num_computed_tokens == 0 and sched.kv.num_blocks_of("held") == 0   # recomputed later
+    while sched.has_unfinished():
+        run_step(sched, 2.0)
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
+
+
+def test_running_request_takes_kv_kept_by_a_waiting_request_before_preempting_itself():
+    """A lone running request out of blocks while a waiting request (back from a preserved pause)
+    keeps KV: the waiting request's KV goes, not the running one's. The old code preempted the
+    runner and planned an empty step (the simulator then waited for an event that never came)."""
+    sched = make(num_blocks=10, action=KVAction.PRESERVE, budget=8)
+    held = req("held", 16)                         # 4 blocks, kept through its pause
+    sched.add_request(held)
+    for _ in range(2):
+        run_step(sched)
+    assert sched.pause_request("held", 0.0, 5.0) is KVAction.PRESERVE
+    big = req("big", 24, arrival=0.5)              # 6 blocks for its prompt, a 7th when it decodes
+    sched.add_request(big)
+    for _ in range(3):
+        run_step(sched, 1.0)                       # prefill in chunks of 8: 6 blocks, 0 free
+    sched.resume_request("held", [9], 1.5)         # waiting, its 4 blocks (17 tokens: 5 needed) kept
+    assert sched.kv.num_free_blocks == 0 and sched.waiting == [held]
+    plan = run_step(sched, 2.0)
+    assert not plan.preempted_ids and sched.num_preemptions == 0
+    seqs = {s.request_id: s for s in plan.seqs}
+    assert seqs["big"].num_tokens == 1             # big decodes on
+    assert seqs["held"].start == 0                 # held's kept KV was freed: it recomputes from 0
+    while sched.has_unfinished():
+        run_step(sched, 3.0)
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
+
+
+def test_anti_starvation_serves_the_longest_wait_first():
+    """Stage II's bounded wait: among requests past max_wait_s, the one waiting longest goes first,
+    not the one that arrived first (a request back from a tool call arrived long ago)."""
+    from tandem.sched.ordering import AugServeOrdering
+    from tandem.sched.predictor import OutputLengthPredictor, ToolStats
+
+    ordering = AugServeOrdering(OutputLengthPredictor(), ToolStats(), stage2=True, max_wait_s=30.0)
+    resumed, fresh = req("resumed", 8, arrival=0.0), req("fresh", 8, arrival=50.0)
+    resumed.last_resumed = 100.0                  # back from a tool at t=100, waiting 100 s at t=200
+    resumed.extra["_seq"], fresh.extra["_seq"] = 0, 1
+    assert ordering.key(fresh, 200.0) < ordering.key(resumed, 200.0)          # fresh has waited 150 s
+    assert ordering.key(resumed, 120.0)[0] == 1 and ordering.key(fresh, 120.0)[0] == 0

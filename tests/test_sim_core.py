@@ -1,0 +1,162 @@
+"""The simulator's own guarantees: it imports and runs with torch blocked and reads no clock in the
+simulated world; same seed, same results (a different seed differs); aborts, rejections and
+deadlock reporting; the cost models' sanity; user scenario files; and its speed on 2,000
+augmented requests (the 10,000-request figure is in docs/simulator.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import tandem
+from tandem.config import SchedulerConfig, SpecConfig
+from tandem.sim import SLO, SimConfig, WorkloadSpec, build_workload, make_cost_model, simulate
+from tandem.sim.cost import StepShape
+from tandem.sim.speed import measure_speed
+
+SIM = Path(tandem.__file__).resolve().parent / "sim"
+CLOCK = re.compile(r"^\s*(?:import\s+time\b|from\s+time\s+import\b)"
+                   r"|\btime\.(?:time|monotonic|perf_counter)\(", re.MULTILINE)
+TORCH = re.compile(r"^\s*(?:import|from)\s+torch\b|\bimport_module\(\s*['\"]torch", re.MULTILINE)
+
+NO_TORCH_SCRIPT = textwrap.dedent("""
+    import importlib.abc, sys
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "transformers"):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, Block())
+    import tandem.sim, tandem.sim.scenarios.faser, tandem.sim.scenarios.augserve, tandem.sim.scenarios.file
+    import tandem.sim.cli_args, tandem.sim.report, tandem.sim.speed
+    from tandem.config import SchedulerConfig, SpecConfig
+    from tandem.sim import SimConfig, WorkloadSpec, build_workload, make_cost_model, simulate
+
+    cost = make_cost_model("H100-80GB", "qwen3-8b", "qwen3-0.6b")
+    sched = SchedulerConfig(max_num_batched_tokens=1024, max_model_len=4096, policy="augserve")
+    cfg = SimConfig(scheduler=sched,
+                    spec=SpecConfig(method="draft", draft_model="x", policy="survival", max_draft_tokens=4))
+    run = simulate(cost, cfg, build_workload(WorkloadSpec(num_requests=30, rate=4.0), seed=0))
+    wl = WorkloadSpec(dataset="synthetic", num_requests=10, rate=1.0)
+    calibrated = simulate(make_cost_model("calibrated"), SimConfig(), build_workload(wl, seed=0))
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+    assert not heavy, heavy
+    print("ok", run.summary["completed"], calibrated.summary["completed"])
+""")
+
+
+def test_sim_imports_and_runs_without_torch():
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH_SCRIPT], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok", "30", "10"]
+
+
+@pytest.mark.parametrize("path", sorted(SIM.rglob("*.py")), ids=lambda p: p.relative_to(SIM).as_posix())
+def test_sim_sources_use_no_torch_and_no_clock_in_the_simulated_world(path):
+    text = path.read_text()
+    assert not TORCH.search(text), f"{path.name} imports torch"
+    if path.name not in ("run.py",):        # run.py times the simulator itself (events/s), nothing inside it
+        assert not CLOCK.search(text), f"{path.name} reads the wall clock"
+
+
+def small_run(seed: int, spec: str | None = "adaptive", policy: str = "infercept"):
+    cost = make_cost_model("A100-80GB", "llama3-8b", "llama3-1b" if spec else None)
+    sched = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=4096, policy=policy)
+    cfg = SimConfig(scheduler=sched, seed=seed,
+                    spec=SpecConfig(method="draft", draft_model="x", policy=spec) if spec else None)
+    wl = WorkloadSpec(dataset="augmented", num_requests=120, rate=3.0, arrival="gamma", cv=3.0)
+    return simulate(cost, cfg, build_workload(wl, seed), SLO(ttft_s=1.0, normalized_latency_s=0.03))
+
+
+def test_same_seed_same_results_and_another_seed_differs():
+    a, b, c = small_run(1), small_run(1), small_run(2)
+    assert a.summary == b.summary and a.counters == b.counters
+    assert [r.as_dict() for r in a.records] == [r.as_dict() for r in b.records]
+    assert a.summary != c.summary
+    assert a.summary["completed"] == 120 and a.summary["spec"]["accepted_tokens"] > 0
+
+
+def test_workload_is_seeded_and_shaped():
+    wl = WorkloadSpec(dataset="synthetic", arrival="diurnal", rate=5.0, num_requests=400,
+                      peak_valley_ratio=35)
+    x, y = build_workload(wl, 3), build_workload(wl, 3)
+    assert x == y and x != build_workload(wl, 4)
+    assert {r.kind for r in x} == {"chat", "code", "summarize"}
+    assert all(0 < r.acceptance < 1 for r in x)
+    code = [r.acceptance for r in x if r.kind == "code"]
+    chat = [r.acceptance for r in x if r.kind == "chat"]
+    assert sum(code) / len(code) > sum(chat) / len(chat)      # code drafts better (Beta means 0.82, 0.70)
+
+
+def test_aborts_and_rejections_are_recorded():
+    cost = make_cost_model("H100-80GB", "llama3-8b")
+    cfg = SimConfig(scheduler=SchedulerConfig(max_num_batched_tokens=512, max_model_len=1024))
+    wl = WorkloadSpec(dataset="augmented:chatbot", num_requests=20, rate=2.0, abort_after_s=30.0)
+    run = simulate(cost, cfg, build_workload(wl, 0))
+    reasons = {r.finish_reason for r in run.records}
+    assert "abort" in reasons and run.summary["aborted"] > 0
+    assert all(r.finished_s is not None for r in run.records)
+    kinds = {"long": {"weight": 1, "prompt": [2000, 0.1, 1500, 3000], "output": [10, 0.1, 5, 20]}}
+    long = WorkloadSpec(dataset="synthetic", num_requests=30, rate=2.0, kinds=kinds)
+    run = simulate(cost, cfg, build_workload(long, 0))
+    assert run.summary["rejected"] == 30 and run.summary["completed"] == 0
+
+
+def test_roofline_is_memory_bound_at_decode_and_compute_bound_at_prefill():
+    cost = make_cost_model("H100-80GB", "llama3-8b")
+    decode = [cost.step_time_s(StepShape(b, b, b, 0, 512 * b, 512 * b)) for b in (1, 8, 64)]
+    assert decode[0] < decode[1] < decode[2] < 2 * decode[0]       # batching decode is nearly free
+    prefill = [cost.step_time_s(StepShape(1, t, 1, t, t, t * t // 2)) for t in (1024, 4096)]
+    assert 3.0 < prefill[1] / prefill[0] < 4.5                      # prefill scales with tokens
+    h100 = cost.step_time_s(StepShape(1, 1, 1, 0, 512, 512))
+    a100 = make_cost_model("A100-80GB", "llama3-8b").step_time_s(StepShape(1, 1, 1, 0, 512, 512))
+    h200 = make_cost_model("H200", "llama3-8b").step_time_s(StepShape(1, 1, 1, 0, 512, 512))
+    assert h200 < h100 < a100                                       # bandwidth order at decode
+    with pytest.raises(ValueError, match="does not fit"):
+        make_cost_model("A100-80GB", "llama3-70b").deployment()
+    assert make_cost_model("A100-80GB", "llama3-70b", num_gpus=4).deployment().num_kv_blocks > 0
+
+
+def test_draft_model_time_grows_with_draft_positions():
+    cost = make_cost_model("H100-80GB", "qwen3-32b", "qwen3-0.6b", num_gpus=2)
+    base = StepShape(32, 32, 32, 0, 32 * 600, 32 * 600)
+    drafted = StepShape(32, 160, 160, 0, 32 * 604, 32 * 604, (32, 32, 32, 32), 32 * 600)
+    assert cost.step_time_s(drafted) - cost.step_time_s(base) > 4 * cost.hardware.draft_overhead_s
+
+
+def test_scenario_file_runs(tmp_path):
+    doc = {"name": "t", "deployment": {"hardware": "H200", "model": "qwen3-4b", "draft_model": "qwen3-0.6b"},
+           "scheduler": {"max_num_batched_tokens": 1024, "max_model_len": 4096},
+           "workload": {"dataset": "synthetic", "num_requests": 40, "arrival": "gamma", "cv": 2.0,
+                        "acceptance": {"chat": [8, 2]}},
+           "rates": [1.0, 4.0], "slo": {"ttft_s": 1.0},
+           "runs": [{"label": "plain"}, {"label": "sd", "spec": {"policy": "fixed", "max_draft_tokens": 3}}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(doc))
+    from tandem.sim.report import file_tables
+    from tandem.sim.scenarios.file import run_file
+
+    res = run_file(path, log=lambda m: None)
+    assert [(r["rate"], r["label"]) for r in res["rows"]] == \
+        [(1.0, "plain"), (1.0, "sd"), (4.0, "plain"), (4.0, "sd")]
+    assert res["rows"][1]["summary"]["spec"]["mean_draft_length"] == pytest.approx(3.0, abs=0.2)
+    assert "plain" in file_tables(res)
+
+
+def test_speed_2000_augmented_requests():
+    """2,000 requests of the augmented mixture (~630k output tokens) well within the 10,000-in-60-s pace."""
+    res = measure_speed(2000, rate=20.0)
+    s = res["sim"]
+    print(f"\n2000 augmented requests: {s['wall_s']:.1f} s, {s['events_per_s']:,.0f} events/s, "
+          f"{res['summary']['total_output_tokens'] / s['wall_s']:,.0f} simulated tokens/s")
+    assert res["summary"]["completed"] == 2000
+    assert s["wall_s"] < 30.0
