@@ -76,3 +76,30 @@ def test_queue_full(aengine):
     done = asyncio.run(main())
     assert any(isinstance(d, QueueFullError) for d in done)
     assert any(not isinstance(d, BaseException) for d in done)
+
+
+def test_engine_built_on_its_own_thread_serves_and_build_errors_reach_the_caller(tiny_llama):
+    import threading
+
+    from tandem.errors import TandemError
+
+    made_on = {}
+
+    def build():
+        made_on["thread"] = threading.current_thread().name
+        return LLM(model=str(tiny_llama), dtype="float32", progress=False).engine
+
+    eng = AsyncLLMEngine(build)
+    try:
+        assert made_on["thread"] == "tandem-engine"
+        params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+        outs = asyncio.run(collect(eng, [5, 6, 7], params))
+        assert outs[-1].finished and len(outs[-1].token_ids) == 5
+    finally:
+        eng.shutdown()
+
+    def broken():
+        return LLM(model=str(tiny_llama) + "-missing", progress=False).engine
+
+    with pytest.raises(TandemError):
+        AsyncLLMEngine(broken)

@@ -120,8 +120,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from tandem.engine.async_engine import AsyncLLMEngine
     from tandem.server.launch import serve
 
-    llm = _make_llm(a)
-    engine = AsyncLLMEngine(llm.engine, max_waiting=a.max_waiting)
+    built = {}
+
+    def build():                      # on the engine thread (see AsyncLLMEngine)
+        built["llm"] = _make_llm(a)
+        return built["llm"].engine
+
+    engine = AsyncLLMEngine(build, max_waiting=a.max_waiting)
+    llm = built["llm"]
     serve(engine, a.served_model_name or served_model_name(a.model), host=a.host, port=a.port, api_key=a.api_key,
           max_request_bytes=a.max_request_bytes, max_tokens_limit=a.max_tokens_limit,
           drain_timeout_s=a.drain_timeout, log_level="debug" if a.verbose else "info", tools=llm.tool_registry)
@@ -205,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--requests-per-point", type=int, default=16, help="requests per (policy, concurrency) run")
     sp.add_argument("--kinds", default="chat,rewrite,extract,code", help="per-kind runs at concurrency 1")
     sp.add_argument("--kind-requests", type=int, default=4)
+    sp.add_argument("--requests-per-slot", type=float, default=3.0,
+                    help="a point runs max(requests-per-point, this x C) requests (the tail's share)")
+    sp.add_argument("--max-tokens", type=int, default=None, help="cap each prompt's max_tokens")
     sp.add_argument("--json", default=None)
     sp.add_argument("--plot", default=None, help="PNG of tok/s against concurrency, one line per policy")
     _model_args(sp)
@@ -262,7 +271,8 @@ def cmd_bench_spec(a: argparse.Namespace) -> int:
                       early_exit_layer=a.early_exit_layer)
     llm = _make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]), speculative=spec)
     kinds = [k for k in a.kinds.split(",") if k]
-    data = bench_spec(llm, conc, policies, a.repeats, a.requests_per_point, kinds, a.kind_requests, a.json, a.plot)
+    data = bench_spec(llm, conc, policies, a.repeats, a.requests_per_point, kinds, a.kind_requests, a.json, a.plot,
+                      requests_per_slot=a.requests_per_slot, max_tokens=a.max_tokens)
     print(f"\n{'policy':<10}" + "".join(f"{'C=' + str(c):>9}" for c in conc))
     for p in policies:
         print(f"{p:<10}" + "".join(f"{data['sweep'][p][str(c)]['output_tok_s']:>9.1f}" for c in conc))

@@ -94,7 +94,6 @@ class SpecConfig:
     frontier_size: int = 0              # verify drafts in chunks of this many (0: all at once)
     early_exit_layer: int | None = None  # layer at which predicted-rejected draft suffixes are dropped
     early_exit_topk: int = 8            # the check: is the draft token among the top-k at that layer?
-    overlap: bool = False               # draft frontier f+1 while verifying frontier f (separate threads)
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:

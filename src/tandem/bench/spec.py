@@ -1,8 +1,9 @@
 """`tandem bench spec`: speculative decoding policies across load levels, on the real engine.
 
 For each concurrency C a closed loop keeps C requests in flight (greedy, natural lengths) until
-max(requests_per_point, 3C) complete, cycling through the prompt set (round-robin over kinds); every policy runs the same requests
-(speculation is lossless, so outputs and lengths are identical). Policies are swapped on one
+max(requests_per_point, r x C) complete (r = `requests_per_slot`, 3 by default), cycling through
+the prompt set (round-robin over kinds); every policy runs the same requests (speculation is
+lossless, so outputs and lengths are identical). Policies are swapped on one
 loaded engine and interleaved within each repeat, so machine noise hits them alike; medians of
 repeats are reported. Figures: output tokens/s, TPOT p50/p99, acceptance rate, mean accepted
 length, draft-length histogram; plus a per-kind run at concurrency 1 and a PNG plot.
@@ -29,14 +30,27 @@ POLICIES = {
     "survival": SpecConfig(policy="survival", max_draft_tokens=8),
     "adaptive": SpecConfig(policy="adaptive", max_draft_tokens=8),
 }
+# The early-pruning ablation: adaptive lengths plus verification in frontiers of 4 rows, plus the
+# intermediate-layer check at the target's middle layer, plus both (lossless: the same outputs).
+PRUNING = {"adaptive+frontiers": (4, False), "adaptive+early-exit": (0, True), "adaptive+both": (4, True)}
+POLICIES.update({name: POLICIES["adaptive"] for name in PRUNING})
 
 
-def use_policy(llm, cfg: SpecConfig) -> None:
-    """Swap the draft-length policy on a loaded engine (the proposer stays)."""
+def use_policy(llm, name: str) -> None:
+    """Swap the draft-length policy and the pruning options on a loaded engine (the proposer stays)."""
+    from tandem.spec.pruning import EarlyExit
+
+    cfg = POLICIES[name]
     sched = llm.engine.scheduler
     sched.spec_policy = make_length_policy(cfg, sched.cost)
     sched.max_draft_tokens = 0 if cfg.policy == "none" else cfg.max_draft_tokens
     sched.spec_stats = type(sched.spec_stats)()
+    decoder = llm.engine.executor.spec
+    if decoder is not None:
+        frontier, early_exit = PRUNING.get(name, (0, False))
+        decoder.frontier_size = frontier
+        model = llm.engine.executor.model
+        decoder.early_exit = EarlyExit(model, model.cfg.num_layers // 2, 8) if early_exit else None
 
 
 def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, num_requests: int) -> dict[str, Any]:
@@ -85,32 +99,36 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def bench_spec(llm, concurrencies: list[int], policies: list[str], repeats: int, requests_per_point: int,
                kinds: list[str] | None, kind_requests: int, json_path: str | None, plot_path: str | None,
-               log=print) -> dict[str, Any]:
+               log=print, requests_per_slot: float = 3.0, max_tokens: int | None = None) -> dict[str, Any]:
     tok = llm.tokenizer
     prompt_set = load_prompt_set()
-    encoded = [(p.kind, tok.apply_chat_template(p.messages), p.max_tokens) for p in prompt_set]
+    encoded = [(p.kind, tok.apply_chat_template(p.messages), min(p.max_tokens, max_tokens or p.max_tokens))
+               for p in prompt_set]
     by_kind = {k: [it for it in encoded if it[0] == k] for k in sorted({it[0] for it in encoded})}
     # Round-robin over kinds, so every run (even a short one) mixes chat, code, extract and rewrite.
     items = [lst[i] for i in range(max(map(len, by_kind.values()))) for lst in by_kind.values() if i < len(lst)]
-    use_policy(llm, POLICIES["no-sd"])
+    use_policy(llm, "no-sd")
     run_point(llm, items[:1], 1, 1)                                     # warm-up
     sweep: dict[str, dict[int, list]] = {p: {c: [] for c in concurrencies} for p in policies}
     per_kind: dict[str, dict[str, list]] = {k: {p: [] for p in policies} for k in (kinds or [])}
     for rep in range(repeats):
         for c in concurrencies:
             for p in policies:
-                use_policy(llm, POLICIES[p])
-                res = run_point(llm, items, c, max(requests_per_point, 3 * c))   # 3C: the tail is a third
+                use_policy(llm, p)
+                n = max(requests_per_point, round(requests_per_slot * c))    # with r = 3 the tail is a third
+                res = run_point(llm, items, c, n)
                 sweep[p][c].append(res)
                 log(f"[{rep + 1}/{repeats}] C={c:<3} {p:<9} {res['output_tok_s']:7.1f} tok/s  "
                     f"TPOT p50 {res['tpot_p50_ms']:6.1f} ms  accept {res['acceptance_rate']:.2f}")
         for k in kinds or []:
             for p in policies:
-                use_policy(llm, POLICIES[p])
+                use_policy(llm, p)
                 res = run_point(llm, by_kind[k], 1, kind_requests)
                 per_kind[k][p].append(res)
                 log(f"[{rep + 1}/{repeats}] kind={k:<8} C=1 {p:<9} {res['output_tok_s']:7.1f} tok/s")
     data = {"bench": "spec", "dataset": "prompts", "machine": machine_info(), "method": "ngram",
+            "requests_per_point": requests_per_point, "requests_per_slot": requests_per_slot,
+            "max_tokens_cap": max_tokens, "kind_requests": kind_requests, "repeats": repeats,
             "concurrencies": concurrencies, "policies": policies,
             "sweep": {p: {str(c): _summary(sweep[p][c]) for c in concurrencies} for p in policies},
             "per_kind_c1": {k: {p: _summary(per_kind[k][p]) for p in policies} for k in per_kind}}

@@ -149,13 +149,19 @@ def _admit(est: list[list[float]], limits: list[int], num_base_tokens: int,
 
 
 class AcceptanceModel:
-    """Per-position acceptance estimates of each request, pooled with the global average.
+    """Per-position acceptance estimates of each request, pooled with what is known around them.
 
-    a_i(m) = (accepted_i(m) + w * global(m)) / (drafted_i(m) + w): a new request starts at the
-    global estimate and moves to its own history as it accumulates; counts decay so that a
-    request whose text changes character (copying, then free writing) is followed. An optimism
-    bonus `explore / sqrt(1 + drafted_i(m))` keeps rarely tried positions from never being tried
-    (an upper confidence bound, as FASER's search uses one).
+    a_i(m) is the probability that draft m is accepted given drafts 1..m-1 were. Position 1 is
+    pooled with the global average; a deeper position with the request's own estimate of the
+    position before it:  a_i(1) = (acc_i(1) + w g(1)) / (n_i(1) + w),
+    a_i(m) = (acc_i(m) + w a_i(m-1)) / (n_i(m) + w). So a request that keeps accepting at
+    positions 1..5 is expected to keep accepting at 6 until it is shown otherwise: acceptance runs
+    (copying a passage, a code block) are exactly where long drafts pay, and positions a policy
+    rarely tries would otherwise stay at a pessimistic prior and never be tried. A new request
+    starts at the global estimate; counts decay so that a request whose text changes character
+    (copying, then free writing) is followed. An optimism bonus `explore / sqrt(1 + n_i(m))`
+    keeps rarely tried positions from never being tried (an upper confidence bound, as FASER's
+    search uses one).
     """
 
     def __init__(self, max_len: int, prior: float = 0.5, weight: float = 2.0, decay: float = 0.9,
@@ -171,10 +177,12 @@ class AcceptanceModel:
     def estimates(self, request_id: str) -> list[float]:
         acc, n = self._acc.get(request_id), self._n.get(request_id)
         if acc is None:
-            return [min(1.0, g + self.explore) for g in self.global_acc]
-        w, g = self.weight, self.global_acc
-        return [min(1.0, (acc[m] + w * g[m]) / (n[m] + w) + self.explore / math.sqrt(1.0 + n[m]))
-                for m in range(self.max_len)]
+            return [min(1.0, self.global_acc[0] + self.explore)] * self.max_len
+        w, out, prior = self.weight, [], self.global_acc[0]
+        for m in range(self.max_len):
+            prior = (acc[m] + w * prior) / (n[m] + w)
+            out.append(min(1.0, prior + self.explore / math.sqrt(1.0 + n[m])))
+        return out
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         acc = self._acc.setdefault(request_id, [0.0] * self.max_len)
