@@ -92,6 +92,20 @@ class KVCacheManager:
     def can_allocate(self, request: Request, num_new_tokens: int, computed_blocks: list[Block] = ()) -> bool:
         return self.num_blocks_to_take(request, num_new_tokens, computed_blocks) <= self.pool.num_free_blocks
 
+    def try_allocate(self, request: Request, num_new_tokens: int) -> bool:
+        """`allocate(request, num_new_tokens)` if the blocks are free (True), else nothing (False):
+        the check and the act in one call, for the scheduler's per-request, per-step path. A
+        decode step that fits in the request's last block takes no block at all."""
+        table = self._blocks.get(request.request_id)
+        total = request.num_computed_tokens + num_new_tokens
+        if table and total <= len(table) * self.block_size:
+            self._cache_full_blocks(request, total)
+            return True
+        if -(-total // self.block_size) - (len(table) if table else 0) > self.pool.num_free_blocks:
+            return False
+        self.allocate(request, num_new_tokens)
+        return True
+
     def allocate(self, request: Request, num_new_tokens: int, computed_blocks: list[Block] = ()) -> None:
         """Give the request blocks for `num_new_tokens` more tokens after its computed ones.
 

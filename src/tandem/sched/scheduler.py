@@ -198,7 +198,7 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            while not self.kv.can_allocate(request, num_new):
+            while not self.kv.try_allocate(request, num_new):
                 # Cheapest first: KV a paused request keeps, then KV a waiting request kept
                 # across its pause (both recomputed later), then a running request's.
                 if self.pauses.discard_preserved() or self._free_waiting_kv():
@@ -208,7 +208,6 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                self.kv.allocate(request, num_new)
                 self._add_to_plan(plan, request, num_new)
                 budget -= num_new
                 i += 1
