@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Re-measure every engine figure in docs/benchmarks.md on this machine. Run it on a quiet machine
-# (nothing else running: on 2 cores a second process halves every figure). About 80 minutes.
-# Pieces: scripts/run_benchmarks.sh [offline] [spec] [ablation] [augmented] [serve]  (default: all)
+# (nothing else running: on 2 cores a second process halves every figure). About 90 minutes.
+# Pieces: offline profile spec spec-repeats ablation augmented augmented-overload augmented-tight serve
+# (scripts/run_benchmarks.sh PIECE...; default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 OUT=docs/results
 mkdir -p "$OUT" docs/img
-PIECES=${*:-offline profile spec spec-repeats ablation augmented augmented-overload serve}
+PIECES=${*:-offline profile spec spec-repeats ablation augmented augmented-overload augmented-tight serve}
 
 for piece in $PIECES; do
 case $piece in
@@ -31,6 +32,9 @@ augmented) # Issue 4: tool-augmented mixture at three Poisson rates (scaled trac
 augmented-overload) # Issue 4: overloaded: 48 requests at 8 req/s (the queue and the KV cache fill up).
   $BIN/tandem bench augmented --policies fcfs-discard,infercept,augserve-stage1,augserve-stage2,augserve \
     --rates 8.0 --num-requests 48 --token-scale 0.25 --time-scale 0.25 --json $OUT/augmented_overload.json ;;
+augmented-tight) # Issue 4: with a 0.1 GB KV cache, the regime where memory binds.
+  $BIN/tandem bench augmented --policies fcfs-discard,infercept,augserve --rates 4.0 --num-requests 48 \
+    --token-scale 0.25 --time-scale 0.25 --kv-cache-memory-gb 0.1 --json $OUT/augmented_tight.json ;;
 serve)    # Issue 5: the HTTP server under the load generator, and its overhead against the engine.
   $BIN/tandem serve --port 8765 > /tmp/tandem-serve.log 2>&1 &
   SERVER=$!

@@ -1,8 +1,36 @@
-"""Honest test doubles shared by tests: a canned model executor."""
+"""Honest test doubles shared by tests: a canned model executor; a Python with torch blocked."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 from tandem.types import StepPlan, StepResult
+
+_BLOCK_TORCH = """
+import importlib.abc, sys
+
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers"):
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+
+sys.meta_path.insert(0, _Block())
+try:
+    import torch  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("the import blocker does not work")
+"""
+
+
+def run_without_torch(script: str, timeout: float = 60, cwd=None) -> subprocess.CompletedProcess:
+    """Run `script` in a fresh interpreter where importing torch or transformers fails."""
+    code = _BLOCK_TORCH + textwrap.dedent(script)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 class CannedModel:

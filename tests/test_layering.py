@@ -6,14 +6,12 @@ They must import and run with torch unavailable, and must not read a clock (time
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import tandem
+from tests.doubles import run_without_torch
 
 SRC = Path(tandem.__file__).resolve().parent
 POLICY_DIRS = ("sched", "kv")
@@ -23,25 +21,7 @@ FORBIDDEN = re.compile(
     re.MULTILINE,
 )
 
-NO_TORCH_SCRIPT = textwrap.dedent("""
-    import importlib.abc
-    import sys
-
-    BLOCKED = ("torch", "transformers")
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ImportError(f"{name} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, Block())
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        raise SystemExit("the import blocker does not work")
+NO_TORCH_SCRIPT = """
 
     import tandem.kv
     import tandem.sched
@@ -60,10 +40,10 @@ NO_TORCH_SCRIPT = textwrap.dedent("""
         sched.update(plan, result, now)
         now += 1.0
     assert kv.num_free_blocks == kv.num_blocks
-    heavy = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED and sys.modules[m] is not None)
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers") and sys.modules[m] is not None)
     assert not heavy, heavy
     print("ok", sched.num_steps)
-""")
+"""
 
 
 def policy_files() -> list[Path]:
@@ -72,8 +52,7 @@ def policy_files() -> list[Path]:
 
 def test_sched_and_kv_import_and_run_without_torch():
     """tandem.sched / tandem.kv import and a schedule/update loop runs when torch cannot be imported."""
-    proc = subprocess.run([sys.executable, "-c", NO_TORCH_SCRIPT], capture_output=True, text=True,
-                          timeout=60, cwd=SRC.parent)
+    proc = run_without_torch(NO_TORCH_SCRIPT, timeout=60, cwd=SRC.parent)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["ok", "3"]      # one prefill step, then two decode steps
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from tandem.config import SchedulerConfig
 from tandem.kv import KVCacheManager
 from tandem.sampling_params import SamplingParams
-from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
 from tandem.sched.tool_policy import FixedAction
 from tandem.types import KVAction, Request, RequestStatus, StepResult

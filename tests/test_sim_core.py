@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import tandem
+from tests.doubles import run_without_torch
 from tandem.config import SchedulerConfig, SpecConfig
 from tandem.sim import SLO, SimConfig, WorkloadSpec, build_workload, make_cost_model, simulate
 from tandem.sim.cost import StepShape
@@ -25,16 +23,7 @@ CLOCK = re.compile(r"^\s*(?:import\s+time\b|from\s+time\s+import\b)"
                    r"|\btime\.(?:time|monotonic|perf_counter)\(", re.MULTILINE)
 TORCH = re.compile(r"^\s*(?:import|from)\s+torch\b|\bimport_module\(\s*['\"]torch", re.MULTILINE)
 
-NO_TORCH_SCRIPT = textwrap.dedent("""
-    import importlib.abc, sys
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("torch", "transformers"):
-                raise ImportError(f"{name} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, Block())
+NO_TORCH_SCRIPT = """
     import tandem.sim, tandem.sim.scenarios.faser, tandem.sim.scenarios.augserve, tandem.sim.scenarios.file
     import tandem.sim.cli_args, tandem.sim.report, tandem.sim.speed
     from tandem.config import SchedulerConfig, SpecConfig
@@ -50,12 +39,11 @@ NO_TORCH_SCRIPT = textwrap.dedent("""
     heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
     assert not heavy, heavy
     print("ok", run.summary["completed"], calibrated.summary["completed"])
-""")
+"""
 
 
 def test_sim_imports_and_runs_without_torch():
-    proc = subprocess.run([sys.executable, "-c", NO_TORCH_SCRIPT], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_without_torch(NO_TORCH_SCRIPT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["ok", "30", "10"]
 

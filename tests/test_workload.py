@@ -12,14 +12,12 @@ import math
 import random
 import re
 import statistics
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 import tandem
+from tests.doubles import run_without_torch
 from tandem.workload import arrivals as arr
 from tandem.workload import augmented as aug
 from tandem.workload.datasets import estimate_tokens, iter_json_array, load_dataset
@@ -232,27 +230,19 @@ def test_augmented_dataset_items():
 
 # ---- the seam: no torch, no clock -------------------------------------------------------------
 
-NO_TORCH_SCRIPT = textwrap.dedent("""
-    import importlib.abc, random, sys
-
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("torch", "transformers"):
-                raise ImportError(f"{name} is blocked in this test")
-            return None
-
-    sys.meta_path.insert(0, Block())
+NO_TORCH_SCRIPT = """
+    import random
     from tandem.workload import arrivals, augmented, datasets, fetch, prompts  # noqa: F401
     rng = random.Random(0)
     n = len(arrivals.diurnal_arrivals(arrivals.DiurnalProfile(5.0, 35.0, 10.0), rng, n=50))
     items = datasets.load_dataset("augmented", n=3, seed=0) + datasets.load_dataset("prompts", n=2)
     assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")]
     print("ok", n, len(items))
-""")
+"""
 
 
 def test_workload_imports_and_runs_without_torch():
-    proc = subprocess.run([sys.executable, "-c", NO_TORCH_SCRIPT], capture_output=True, text=True, timeout=60)
+    proc = run_without_torch(NO_TORCH_SCRIPT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["ok", "50", "5"]
 

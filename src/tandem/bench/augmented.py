@@ -15,7 +15,6 @@ latency, KV actions taken, preemptions, and the output-length predictor's Kendal
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import replace
 from typing import Any
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -51,10 +51,14 @@ def plot_faser(res: dict[str, Any], out_dir: Path) -> Path:
     c.legend(fontsize=7, ncol=2)
     for ax in (a, b, c):
         ax.grid(alpha=0.3)
-    fig.suptitle(f"FASER scenario: {res['description']}")
+    return _save(plt, fig, out_dir / "faser.png", f"FASER scenario: {res['description']}")
+
+
+def _save(plt: Any, fig: Any, path: Path, title: str | None, dpi: int = 110) -> Path:
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
-    path = out_dir / "faser.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -86,11 +90,7 @@ def plot_augserve(res: dict[str, Any], out_dir: Path) -> Path:
         row_axes[1].set_yscale("log")
         row_axes[2].set_yscale("log")
         row_axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = out_dir / "augserve.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "augserve.png", None, dpi=100)
 
 
 def plot_file(res: dict[str, Any], out_dir: Path) -> Path:
@@ -107,12 +107,7 @@ def plot_file(res: dict[str, Any], out_dir: Path) -> Path:
         ax.set_xlabel("request rate (req/s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"scenario {res['scenario']}")
-    fig.tight_layout()
-    path = out_dir / "scenario.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out_dir / "scenario.png", f"scenario {res['scenario']}")
 
 
 def plot_results(res: dict[str, Any], out_dir: str | Path) -> list[str]:

@@ -80,7 +80,6 @@ def exit_hook(ee: EarlyExit, inputs: StepInputs, rows: dict[str, _Rows], firsts:
         for s, r0 in zip(inputs.seqs, inputs.row_starts):
             if s.request_id not in rows:
                 continue
-            rs, a = rows[s.request_id], firsts[s.request_id]
             for j in range(s.num_tokens - 1):        # row j judges the token that is row j+1's input
                 checks.append(r0 + j)
                 where.append((s.request_id, j))
