@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
-from tandem.sched.spec_length import AdaptiveLength, BatchSizeTable, FixedLength
+from tandem.sched.spec_length import AcceptanceModel, AdaptiveLength, BatchSizeTable, FixedLength
 from tandem.types import Request
 
 
@@ -134,3 +134,19 @@ def test_adaptive_drafts_shallower_when_each_position_costs_a_draft_pass():
         lengths[depth_s] = policy.choose(rs, [8] * 8, num_base_tokens=8)
     assert max(lengths[0.0]) > max(lengths[0.004]) > 0
     assert lengths[0.05] == [0] * 8
+
+
+def test_untried_deeper_positions_inherit_the_requests_own_acceptance():
+    """A request that accepted every draft at positions 1-4 is expected to keep accepting at 5-8
+    (a copy run), not to fall back to the batch's prior there; a request that keeps rejecting at
+    position 1 is expected to reject deeper too."""
+    model = AcceptanceModel(8, prior=0.5, explore=0.0)
+    for _ in range(20):
+        model.observe("run", num_drafted=4, num_accepted=4)
+        model.observe("miss", num_drafted=4, num_accepted=0)
+    run, miss = model.estimates("run"), model.estimates("miss")
+    assert min(run[4:]) > 0.8 and max(miss[1:]) < 0.2
+    policy = AdaptiveLength(8, flat_cost())
+    for _ in range(20):
+        policy.observe_request(reqs(1)[0], num_drafted=4, num_accepted=4)
+    assert policy.choose(reqs(1), [8], num_base_tokens=1) == [8]
