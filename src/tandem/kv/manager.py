@@ -82,7 +82,7 @@ class KVCacheManager:
         """Free blocks an `allocate` with these arguments would consume."""
         table = self._blocks.get(request.request_id, ())
         total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
-        new_blocks = max(0, -(-total // self.block_size) - len(table) - len(computed_blocks))
+        new_blocks = max(0, self.blocks_needed(total) - len(table) - len(computed_blocks))
         if not computed_blocks:           # the common case (every decode step): skip the scan
             return new_blocks
         # Cached blocks nobody references sit in the free queue: taking them uses free capacity.
@@ -101,7 +101,7 @@ class KVCacheManager:
         if table and total <= len(table) * self.block_size:
             self._cache_full_blocks(request, total)
             return True
-        if -(-total // self.block_size) - (len(table) if table else 0) > self.pool.num_free_blocks:
+        if not self.can_allocate(request, num_new_tokens):
             return False
         self.allocate(request, num_new_tokens)
         return True
@@ -113,16 +113,12 @@ class KVCacheManager:
         blocks yet) join the table first and count as computed tokens before the new ones; the
         caller then advances `num_computed_tokens` past them.
         """
-        # The check and the act share one computation (this runs for every request every step).
         rid = request.request_id
-        table = self._blocks.get(rid)
-        total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
-        num_new_blocks = -(-total // self.block_size) - (len(table) if table else 0) - len(computed_blocks)
-        revived = sum(1 for b in computed_blocks if b.ref_cnt == 0) if computed_blocks else 0
-        if max(0, num_new_blocks) + revived > self.pool.num_free_blocks:
+        if not self.can_allocate(request, num_new_tokens, computed_blocks):
             raise RuntimeError(f"not enough free KV blocks for request {rid}")
-        if table is None:
-            table = self._blocks[rid] = []
+        table = self._blocks.setdefault(rid, [])
+        total = request.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        num_new_blocks = self.blocks_needed(total) - len(table) - len(computed_blocks)
         ids = self._ids.setdefault(rid, [])
         if not table:
             self.num_query_tokens += request.num_tokens

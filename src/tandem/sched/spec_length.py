@@ -170,15 +170,15 @@ class AcceptanceModel:
         self.weight = weight
         self.decay = decay
         self.explore = explore
-        self.global_acc = [prior] * max_len
+        self.global_first = prior           # position 1's acceptance over all requests
         self._acc: dict[str, list[float]] = {}
         self._n: dict[str, list[float]] = {}
 
     def estimates(self, request_id: str) -> list[float]:
         acc, n = self._acc.get(request_id), self._n.get(request_id)
         if acc is None:
-            return [min(1.0, self.global_acc[0] + self.explore)] * self.max_len
-        w, out, prior = self.weight, [], self.global_acc[0]
+            return [min(1.0, self.global_first + self.explore)] * self.max_len
+        w, out, prior = self.weight, [], self.global_first
         for m in range(self.max_len):
             prior = (acc[m] + w * prior) / (n[m] + w)
             out.append(min(1.0, prior + self.explore / math.sqrt(1.0 + n[m])))
@@ -192,7 +192,8 @@ class AcceptanceModel:
             hit = 1.0 if m < num_accepted else 0.0
             acc[m] = acc[m] * self.decay + hit
             n[m] = n[m] * self.decay + 1.0
-            self.global_acc[m] += 0.02 * (hit - self.global_acc[m])
+            if m == 0:
+                self.global_first += 0.02 * (hit - self.global_first)
 
     def forget(self, request_id: str) -> None:
         self._acc.pop(request_id, None)
