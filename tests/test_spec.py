@@ -89,6 +89,8 @@ def test_spec_metrics_on_outputs(tiny_loopy):
 @pytest.mark.parametrize("bad", [
     dict(method="medusa"), dict(max_draft_tokens=0), dict(max_draft_tokens=-2), dict(policy="sometimes"),
     dict(method="draft"), dict(ngram_min=3, ngram_max=2), dict(num_draft_layers=0),
+    dict(method="ngram", overlap=True, frontier_size=2), dict(method="layerskip", overlap=True),
+    dict(method="layerskip", overlap=True, frontier_size=2, draft_threads=0),
 ])
 def test_invalid_spec_config(bad):
     with pytest.raises(ConfigError):
@@ -163,7 +165,9 @@ def test_chi_square_catches_a_wrong_acceptance_rule():
 @pytest.mark.parametrize("spec, temperature", [
     (SpecConfig(method="ngram", policy="fixed", max_draft_tokens=2), 0.15),
     (SpecConfig(method="layerskip", policy="fixed", max_draft_tokens=2, num_draft_layers=2), 1.0),
-], ids=["ngram", "layerskip"])
+    (SpecConfig(method="layerskip", policy="fixed", max_draft_tokens=4, num_draft_layers=2, frontier_size=1,
+                overlap=True), 1.0),
+], ids=["ngram", "layerskip", "layerskip-overlap"])
 def test_sampled_speculation_end_to_end_matches_the_target(tiny_loopy, spec, temperature):
     """The last of 6 sampled tokens (drafted and verified) with speculation vs without: the same
     distribution (two-sample chi-square at p = 0.001): speculation must not change the joint law."""
@@ -216,3 +220,77 @@ def test_early_pruning_with_sampling_keeps_seeded_reproducibility(tiny_loopy):
     a = llm.generate(prompt_token_ids=[PROMPTS[2]], sampling_params=params)[0].token_ids
     b = llm.generate(prompt_token_ids=[PROMPTS[2], PROMPTS[0]], sampling_params=params)[0].token_ids
     assert a == b
+
+
+def _overlap_specs(tiny_loopy, tiny_models):
+    return {
+        "layerskip": SpecConfig(method="layerskip", policy="fixed", max_draft_tokens=5, num_draft_layers=1,
+                                frontier_size=2, overlap=True),
+        "draft-model": SpecConfig(method="draft", draft_model=str(tiny_models["qwen3"]), policy="fixed",
+                                  max_draft_tokens=4, frontier_size=1, overlap=True),
+        "self-draft": SpecConfig(method="draft", draft_model=str(tiny_loopy), policy="fixed", max_draft_tokens=6,
+                                 frontier_size=2, overlap=True),
+        "adaptive+early-exit": SpecConfig(method="layerskip", policy="adaptive", max_draft_tokens=6,
+                                          num_draft_layers=2, frontier_size=3, overlap=True, early_exit_layer=1,
+                                          early_exit_topk=2),
+    }
+
+
+@pytest.mark.parametrize("name", ["layerskip", "draft-model", "self-draft", "adaptive+early-exit"])
+def test_overlapped_drafting_is_lossless(tiny_loopy, tiny_models, reference, name):
+    """Frontier f+1 drafted on the worker thread while frontier f is verified: the same tokens."""
+    spec = _overlap_specs(tiny_loopy, tiny_models)[name]
+    llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative=spec, num_threads=2)
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    stats = llm.engine.scheduler.spec_stats
+    assert stats.num_draft_tokens > 0
+    assert llm.engine.executor.spec.overlap.num_overlapped > 0
+    if name == "self-draft":                         # the target drafting for itself: every frontier accepted
+        assert stats.num_accepted_tokens == stats.num_draft_tokens
+        assert stats.num_pruned_tokens == 0
+    kv = llm.engine.scheduler.kv
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_a_rejection_cancels_the_drafting_of_later_frontiers(tiny_loopy):
+    """Same plans (fixed length, greedy): overlapped drafting drafts fewer tokens than drafting every
+    frontier up front, accepts exactly as many, and counts the cancelled frontier in flight as pruned."""
+    base = dict(method="layerskip", policy="fixed", max_draft_tokens=6, num_draft_layers=1, frontier_size=2)
+    stats = {}
+    for overlap in (False, True):
+        llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False, num_threads=2,
+                  speculative=SpecConfig(**base, overlap=overlap))
+        llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
+        stats[overlap] = llm.engine.scheduler.spec_stats
+    assert stats[True].num_accepted_tokens == stats[False].num_accepted_tokens > 0
+    assert stats[True].num_steps == stats[False].num_steps
+    assert stats[True].num_draft_tokens < stats[False].num_draft_tokens
+    verified = {o: s.num_draft_tokens - s.num_pruned_tokens for o, s in stats.items()}
+    assert verified[True] == verified[False]         # the same drafts reached verification
+    assert stats[True].num_pruned_tokens > 0
+
+
+def test_overlap_with_sampling_keeps_seeded_reproducibility(tiny_loopy):
+    """Seeded drafts are a function of (seed, position) on their own stream, so neither the batch
+    companions nor when a cancellation reaches the drafting thread change a seeded request's tokens:
+    overlapped drafting gives exactly the tokens of drafting every frontier up front."""
+    params = SamplingParams(max_tokens=20, temperature=0.8, seed=7, ignore_eos=True)
+    got = {}
+    for overlap in (False, True):
+        spec = SpecConfig(method="layerskip", policy="fixed", max_draft_tokens=4, num_draft_layers=2,
+                          frontier_size=2, overlap=overlap)
+        llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative=spec, num_threads=2)
+        a = llm.generate(prompt_token_ids=[PROMPTS[2]], sampling_params=params)[0].token_ids
+        b = llm.generate(prompt_token_ids=[PROMPTS[2], PROMPTS[0], PROMPTS[1]], sampling_params=params)[0].token_ids
+        assert a == b
+        assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
+        got[overlap] = a
+    assert got[True] == got[False]
+
+
+def test_overlap_needs_a_thread_to_spare():
+    from tandem.spec.overlap import DraftWorker
+
+    with pytest.raises(ConfigError, match="draft_threads"):
+        DraftWorker(torch.device("cpu"), draft_threads=torch.get_num_threads())

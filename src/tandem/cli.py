@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(o)
     o.set_defaults(func=cmd_bench_offline)
     add_serve_parser(bsub)
-    sp = bsub.add_parser("spec", help="speculative decoding policies across load levels (n-gram drafts)")
+    sp = bsub.add_parser("spec", help="speculative decoding policies across load levels "
+                                      "(n-gram drafts unless --speculative says otherwise)")
     sp.add_argument("--concurrency", default="1,2,4,8,16,32,64")
     sp.add_argument("--policies", default="no-sd,fixed-2,fixed-4,fixed-8,bs-table,adaptive")
     sp.add_argument("--repeats", type=int, default=3)
@@ -267,7 +268,8 @@ def cmd_bench_spec(a: argparse.Namespace) -> int:
     if unknown:
         print(f"tandem: error: unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
         return 2
-    spec = SpecConfig(method="ngram", max_draft_tokens=8, frontier_size=a.frontier_size,
+    spec = SpecConfig(method=a.speculative or "ngram", max_draft_tokens=8, draft_model=a.draft_model,
+                      num_draft_layers=a.num_draft_layers, frontier_size=a.frontier_size,
                       early_exit_layer=a.early_exit_layer)
     llm = _make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]), speculative=spec)
     kinds = [k for k in a.kinds.split(",") if k]

@@ -94,6 +94,8 @@ class SpecConfig:
     frontier_size: int = 0              # verify drafts in chunks of this many (0: all at once)
     early_exit_layer: int | None = None  # layer at which predicted-rejected draft suffixes are dropped
     early_exit_topk: int = 8            # the check: is the draft token among the top-k at that layer?
+    overlap: bool = False               # draft frontier f+1 while frontier f is verified (model drafters)
+    draft_threads: int = 1              # CPU threads the overlapped drafter gets (the verifier keeps the rest)
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -114,5 +116,12 @@ class SpecConfig:
             raise ConfigError(f"early_exit_layer must be >= 1, got {self.early_exit_layer}")
         if self.early_exit_topk < 1:
             raise ConfigError(f"early_exit_topk must be >= 1, got {self.early_exit_topk}")
+        if self.draft_threads < 1:
+            raise ConfigError(f"draft_threads must be >= 1, got {self.draft_threads}")
+        if self.overlap and self.method == "ngram":
+            raise ConfigError("overlap needs a model drafter (method 'draft' or 'layerskip'): "
+                              "n-gram drafting is a table lookup, there is no drafting compute to overlap")
+        if self.overlap and self.frontier_size < 1:
+            raise ConfigError("overlap drafts frontier f+1 while frontier f is verified: set frontier_size >= 1")
         if any(b < 1 or k < 0 for b, k in self.length_table):
             raise ConfigError("length_table entries must be (batch size >= 1, length >= 0)")

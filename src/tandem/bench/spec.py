@@ -18,6 +18,7 @@ from typing import Any
 from tandem.bench.common import machine_info, median, percentile, write_json
 from tandem.config import SpecConfig
 from tandem.sampling_params import SamplingParams
+from tandem.spec.drafter import ModelDrafter
 from tandem.spec.factory import make_length_policy
 from tandem.workload.prompts import load_prompt_set
 
@@ -30,14 +31,24 @@ POLICIES = {
     "survival": SpecConfig(policy="survival", max_draft_tokens=8),
     "adaptive": SpecConfig(policy="adaptive", max_draft_tokens=8),
 }
-# The early-pruning ablation: adaptive lengths plus verification in frontiers of 4 rows, plus the
-# intermediate-layer check at the target's middle layer, plus both (lossless: the same outputs).
-PRUNING = {"adaptive+frontiers": (4, False), "adaptive+early-exit": (0, True), "adaptive+both": (4, True)}
-POLICIES.update({name: POLICIES["adaptive"] for name in PRUNING})
+# The ablation variants: a base policy plus (frontier size, middle-layer early exit, overlapped
+# drafting). Frontiers of 4 rows; the early exit at the target's middle layer; overlap drafts
+# frontier f+1 on a second thread while frontier f is verified (model drafters only). All lossless.
+VARIANTS = {
+    "adaptive+frontiers": ("adaptive", 4, False, False),
+    "adaptive+early-exit": ("adaptive", 0, True, False),
+    "adaptive+both": ("adaptive", 4, True, False),
+    "adaptive+overlap": ("adaptive", 4, False, True),
+    "fixed-8+frontiers": ("fixed-8", 4, False, False),
+    "fixed-8+overlap": ("fixed-8", 4, False, True),
+}
+POLICIES.update({name: POLICIES[base] for name, (base, *_) in VARIANTS.items()})
 
 
 def use_policy(llm, name: str) -> None:
-    """Swap the draft-length policy and the pruning options on a loaded engine (the proposer stays)."""
+    """Swap the draft-length policy and the pruning / overlap options on a loaded engine (the proposer stays)."""
+    from tandem.errors import ConfigError
+    from tandem.spec.overlap import DraftWorker
     from tandem.spec.pruning import EarlyExit
 
     cfg = POLICIES[name]
@@ -47,10 +58,19 @@ def use_policy(llm, name: str) -> None:
     sched.spec_stats = type(sched.spec_stats)()
     decoder = llm.engine.executor.spec
     if decoder is not None:
-        frontier, early_exit = PRUNING.get(name, (0, False))
+        _, frontier, early_exit, overlap = VARIANTS.get(name, (name, 0, False, False))
         decoder.frontier_size = frontier
         model = llm.engine.executor.model
         decoder.early_exit = EarlyExit(model, model.cfg.num_layers // 2, 8) if early_exit else None
+        if overlap and not isinstance(decoder.proposer, ModelDrafter):
+            raise ConfigError(f"policy {name!r} overlaps model drafting: run with --speculative draft or layerskip")
+        worker = _workers.get(id(decoder))
+        if overlap and worker is None:
+            worker = _workers[id(decoder)] = DraftWorker(llm.engine.executor.device)
+        decoder.overlap = worker if overlap else None
+
+
+_workers: dict[int, object] = {}        # one draft worker per decoder, kept while other variants run
 
 
 def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, num_requests: int) -> dict[str, Any]:
@@ -77,7 +97,8 @@ def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, nu
                                 "spec": m.extra.get("spec")})
     wall = time.perf_counter() - t0
     stats = eng.scheduler.spec_stats
-    ee = eng.executor.spec.early_exit if eng.executor.spec is not None else None
+    decoder = eng.executor.spec
+    ee = decoder.early_exit if decoder is not None else None
     early_exit = None if ee is None else {"checked": ee.num_checked, "predicted_rejections": ee.num_predicted_rejections,
                                           "wrong_predictions": ee.num_wrong_predictions}
     tpots = [r["tpot_s"] for r in records if r["tpot_s"] is not None]
@@ -85,7 +106,8 @@ def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, nu
             "tpot_p50_ms": 1e3 * percentile(tpots, 50), "tpot_p99_ms": 1e3 * percentile(tpots, 99),
             "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
             "num_draft_tokens": stats.num_draft_tokens, "num_pruned_tokens": stats.num_pruned_tokens,
-            "early_exit": early_exit, "chosen_lengths": dict(sorted(stats.chosen_lengths.items())),
+            "early_exit": early_exit, "overlapped_passes": decoder.overlap.num_overlapped
+            if decoder is not None and decoder.overlap is not None else None, "chosen_lengths": dict(sorted(stats.chosen_lengths.items())),
             "records": records}
 
 
@@ -126,7 +148,10 @@ def bench_spec(llm, concurrencies: list[int], policies: list[str], repeats: int,
                 res = run_point(llm, by_kind[k], 1, kind_requests)
                 per_kind[k][p].append(res)
                 log(f"[{rep + 1}/{repeats}] kind={k:<8} C=1 {p:<9} {res['output_tok_s']:7.1f} tok/s")
-    data = {"bench": "spec", "dataset": "prompts", "machine": machine_info(), "method": "ngram",
+    proposer = llm.engine.executor.spec.proposer
+    method = "ngram" if not isinstance(proposer, ModelDrafter) else \
+        "layerskip" if proposer.shares_target_kv else "draft"
+    data = {"bench": "spec", "dataset": "prompts", "machine": machine_info(), "method": method,
             "requests_per_point": requests_per_point, "requests_per_slot": requests_per_slot,
             "max_tokens_cap": max_tokens, "kind_requests": kind_requests, "repeats": repeats,
             "concurrencies": concurrencies, "policies": policies,
@@ -151,7 +176,7 @@ def plot_sweep(data: dict[str, Any], path: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output tokens/s")
-    ax.set_title("Speculative decoding policies vs load (n-gram drafts, shared prompt set)")
+    ax.set_title(f"Speculative decoding policies vs load ({data['method']} drafts, shared prompt set)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -26,10 +26,19 @@ class SampleRow:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0) -> None:
+    """Random draws for sampled tokens. `stream` names an independent stream of the same seeds: the
+    target samples on stream 0 and a model drafter on stream 1, so drafting (possibly on another
+    thread, see tandem.spec.overlap) never shares a generator with verification."""
+
+    def __init__(self, device: torch.device, seed: int = 0, stream: int = 0) -> None:
         self.device = device
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.seed = seed
+        self.stream = stream
+        self.generator = torch.Generator(device=device).manual_seed(self._seed(seed))
         self._request_generators: dict[str, torch.Generator] = {}
+
+    def _seed(self, seed: int) -> int:
+        return seed if self.stream == 0 else hash((seed, self.stream)) & 0x7FFF_FFFF_FFFF_FFFF
 
     def release(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
@@ -39,9 +48,18 @@ class Sampler:
             return self.generator
         g = self._request_generators.get(row.request_id)
         if g is None:
-            g = torch.Generator(device=self.device).manual_seed(row.params.seed)
+            g = torch.Generator(device=self.device).manual_seed(self._seed(row.params.seed))
             self._request_generators[row.request_id] = g
         return g
+
+    def generator_at(self, row: SampleRow) -> torch.Generator:
+        """For a seeded request, a generator for output position `row.num_output_tokens` alone: the draw
+        does not depend on how many came before. Drafters use it, since drafting may be cancelled at
+        any point (overlap), and a position is judged at most once, so its draw stays independent."""
+        if row.params.seed is None:
+            return self.generator
+        seed = hash((row.params.seed, self.stream, row.num_output_tokens)) & 0x7FFF_FFFF_FFFF_FFFF
+        return torch.Generator(device=self.device).manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[TokenLogprob | None]]:
         """logits: [M, V] float32, one row per entry of `rows` -> token ids (and logprobs if asked)."""

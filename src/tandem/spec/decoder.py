@@ -28,15 +28,21 @@ def num_accepted(out: list[int], drafts: list[int]) -> int:
 
 class SpecDecoder:
     def __init__(self, proposer: NgramProposer | ModelDrafter, sampler: Sampler, frontier_size: int = 0,
-                 early_exit=None) -> None:
+                 early_exit=None, overlap=None) -> None:
         self.proposer = proposer
         self.sampler = sampler
         self.frontier_size = frontier_size      # verify in chunks of this many rows (0: one pass)
         self.early_exit = early_exit            # a tandem.spec.pruning.EarlyExit, or None
+        self.overlap = overlap                  # a tandem.spec.overlap.DraftWorker, or None
 
     @property
     def prunes(self) -> bool:
         return bool(self.frontier_size) or self.early_exit is not None
+
+    @property
+    def overlaps(self) -> bool:
+        """Draft frontier by frontier, the next one while the current one is verified."""
+        return self.overlap is not None and self.frontier_size > 0 and isinstance(self.proposer, ModelDrafter)
 
     def draft(self, plan: StepPlan) -> dict[str, Draft]:
         seqs = [s for s in plan.seqs if s.num_draft_tokens > 0]
@@ -47,7 +53,10 @@ class SpecDecoder:
         if isinstance(self.proposer, NgramProposer):
             return {s.request_id: Draft(self.proposer.propose(s.request_id, s.history, s.num_draft_tokens))
                     for s in seqs}
-        return self.proposer.propose(seqs, [s.num_draft_tokens for s in seqs])
+        ks = [s.num_draft_tokens for s in seqs]
+        if self.overlaps:                       # the first frontier now, the rest during verification
+            ks = [min(k, self.frontier_size) for k in ks]
+        return self.proposer.propose(seqs, ks)
 
     @staticmethod
     def extend(plan: StepPlan, drafts: dict[str, Draft]) -> StepPlan:

@@ -41,23 +41,36 @@ class ModelDrafter:
         self._computed: dict[str, int] = {}     # positions whose draft KV is valid (own-KV drafters)
 
     @torch.inference_mode()
-    def propose(self, seqs: list[ScheduledSeq], ks: list[int]) -> dict[str, Draft]:
+    def propose(self, seqs: list[ScheduledSeq], ks: list[int], prefix: dict[str, Draft] | None = None,
+                cancelled: set[str] | frozenset[str] = frozenset()) -> dict[str, Draft]:
+        """Draft until seqs[i] has ks[i] draft tokens; returns the new tokens only.
+
+        `prefix[rid]`: drafts the request already has (drafting continues after them: the overlap
+        drafts a request's next frontier while the previous one is verified). A request whose id
+        appears in `cancelled` (its verification rejected a draft meanwhile) is dropped from the
+        passes that follow."""
+        prefix = prefix or {}
+        have = {s.request_id: list(prefix[s.request_id].tokens) if s.request_id in prefix else [] for s in seqs}
+        begin = {rid: len(t) for rid, t in have.items()}
         drafts = {s.request_id: Draft([], [] if not s.sampling_params.greedy else None) for s in seqs}
         last_pos = {s.request_id: s.start + s.num_tokens - 1 for s in seqs}
-        for j in range(max(ks, default=0)):
-            batch = [(s, k) for s, k in zip(seqs, ks) if k > j]
-            pass_seqs = [self._pass_seq(s, drafts[s.request_id].tokens, last_pos[s.request_id], j) for s, _ in batch]
+        for j in range(min(begin.values(), default=0), max(ks, default=0)):
+            batch = [s for s, k in zip(seqs, ks) if begin[s.request_id] <= j < k and s.request_id not in cancelled]
+            if not batch:
+                continue
+            pass_seqs = [self._pass_seq(s, have[s.request_id], last_pos[s.request_id], j) for s in batch]
             inputs = build_inputs(StepPlan(pass_seqs), self.block_size, self.device, self.attn.kernel is not None)
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta, self.num_layers)
             rows = torch.tensor([r + s.num_tokens - 1 for s, r in zip(inputs.seqs, inputs.row_starts)],
                                 device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows))
             order = {s.request_id: i for i, s in enumerate(inputs.seqs)}
-            for s, _ in batch:
+            for s in batch:
                 self._extend(drafts[s.request_id], s, logits[order[s.request_id]], j)
-        for s, k in zip(seqs, ks):
-            if not self.shares_target_kv and k > 0:
-                self._computed[s.request_id] = last_pos[s.request_id] + k
+                have[s.request_id].append(drafts[s.request_id].tokens[-1])
+        for s in seqs:
+            if not self.shares_target_kv and drafts[s.request_id].tokens:
+                self._computed[s.request_id] = last_pos[s.request_id] + len(have[s.request_id])
         for d in drafts.values():
             if isinstance(d.probs, list):
                 d.probs = torch.stack(d.probs) if d.probs else None
@@ -79,7 +92,7 @@ class ModelDrafter:
             draft.tokens.append(int(logits.argmax()))
             return
         q = warp_probs(logits, s.sampling_params)
-        draft.tokens.append(Sampler.draw(q, self.sampler.generator_for(row)))
+        draft.tokens.append(Sampler.draw(q, self.sampler.generator_at(row)))
         draft.probs.append(q)
 
     def settle(self, request_id: str, num_computed: int) -> None:
@@ -89,3 +102,4 @@ class ModelDrafter:
 
     def release(self, request_id: str) -> None:
         self._computed.pop(request_id, None)
+        self.sampler.release(request_id)

@@ -9,6 +9,7 @@ from tandem.sched.spec_length import make_length_policy  # noqa: F401  (re-expor
 from tandem.spec.decoder import SpecDecoder
 from tandem.spec.drafter import ModelDrafter
 from tandem.spec.ngram import NgramProposer
+from tandem.spec.overlap import DraftWorker
 from tandem.spec.pruning import EarlyExit
 
 
@@ -18,6 +19,8 @@ def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None
     decoder.frontier_size = cfg.frontier_size
     if cfg.early_exit_layer is not None:
         decoder.early_exit = EarlyExit(runner.model, cfg.early_exit_layer, cfg.early_exit_topk)
+    if cfg.overlap:
+        decoder.overlap = DraftWorker(runner.device, cfg.draft_threads)
     return decoder
 
 
@@ -29,7 +32,7 @@ def _make_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_dr
         n = cfg.num_draft_layers or max(1, model.cfg.num_layers // 4)
         if n >= model.cfg.num_layers:
             raise ConfigError(f"num_draft_layers {n} must be below the target's {model.cfg.num_layers} layers")
-        drafter = ModelDrafter(model, runner.attn, runner.block_size, runner.device, runner.sampler,
+        drafter = ModelDrafter(model, runner.attn, runner.block_size, runner.device, _draft_sampler(runner),
                                num_layers=n, shares_target_kv=True)
         return SpecDecoder(drafter, runner.sampler)
     draft_model, draft_tok = load_draft(cfg.draft_model)
@@ -41,8 +44,15 @@ def _make_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_dr
                          draft_model.dtype, runner.device)
     draft_model.ops = model.ops
     attn = AttentionBackend(cache, dc.num_heads, dc.num_kv_heads, dc.head_dim, model.ops)
-    drafter = ModelDrafter(draft_model, attn, runner.block_size, runner.device, runner.sampler)
+    drafter = ModelDrafter(draft_model, attn, runner.block_size, runner.device, _draft_sampler(runner))
     return SpecDecoder(drafter, runner.sampler)
+
+
+def _draft_sampler(runner):
+    """Drafts draw from their own random stream (never the one verification draws from)."""
+    from tandem.runner.sampler import Sampler
+
+    return Sampler(runner.device, runner.sampler.seed, stream=1)
 
 
 def _check_same_vocabulary(draft_vocab: int, target_vocab: int, draft_tok, target_tok) -> None:

@@ -2,7 +2,9 @@
 
 Used by the runner when the speculation config asks for pruning; otherwise verification is one
 plain pass. Pass 0 carries every scheduled request; later passes carry only the drafting requests
-whose drafts were all accepted so far.
+whose drafts were all accepted so far. With overlap (overlap.py) the drafts arrive one frontier at
+a time: while pass f verifies frontier f, the worker drafts frontier f+1 for the requests that
+still want more; a rejection in pass f cancels that request's drafting in flight.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from tandem.types import StepPlan, StepResult
 
 def execute_with_pruning(runner, plan: StepPlan, drafts: dict[str, Draft]) -> StepResult:
     spec, result = runner.spec, StepResult()
-    rows = {s.request_id: _Rows(s, [s.token_ids[-1]] + drafts[s.request_id].tokens)
+    overlap = spec.overlap if spec.overlaps else None
+    rows = {s.request_id: _Rows(s, [s.token_ids[-1]] + drafts[s.request_id].tokens,
+                                total=1 + (s.num_draft_tokens if overlap else len(drafts[s.request_id].tokens)))
             for s in plan.seqs if s.request_id in drafts and drafts[s.request_id].tokens}
     first = {rid: 0 for rid in rows}
     lps: dict[str, list] = {rid: [] for rid in rows}
     width = spec.frontier_size or max((len(r.tokens) for r in rows.values()), default=1)
+    cancelled: set[str] = set()          # requests whose drafting in flight is void (read by the worker)
     pass_no = 0
     while True:
         seqs = [s for s in plan.seqs if s.request_id not in rows] if pass_no == 0 else []
@@ -30,7 +35,19 @@ def execute_with_pruning(runner, plan: StepPlan, drafts: dict[str, Draft]) -> St
         seqs += [pass_seq(r, first[rid], min(first[rid] + width, len(r.tokens))) for rid, r in active.items()]
         if not seqs:
             break
-        _one_pass(runner, seqs, active, first, drafts, result, lps)
+        more = [r for r in active.values() if len(r.tokens) < r.total] if overlap is not None else []
+        if more:
+            job = overlap.submit(spec.proposer.propose, [r.seq for r in more],
+                                 [min(len(r.tokens) - 1 + width, r.total - 1) for r in more],
+                                 {r.seq.request_id: drafts[r.seq.request_id] for r in more}, cancelled)
+            try:
+                with overlap.verifying():
+                    _one_pass(runner, seqs, active, first, drafts, result, lps, cancelled)
+            finally:
+                new = overlap.result(job)        # never leave the worker drafting past this step
+            _take_drafts(new, rows, drafts)
+        else:
+            _one_pass(runner, seqs, active, first, drafts, result, lps, cancelled)
         pass_no += 1
     for rid, r in rows.items():
         d = drafts[rid].tokens
@@ -46,7 +63,23 @@ def execute_with_pruning(runner, plan: StepPlan, drafts: dict[str, Draft]) -> St
     return result
 
 
-def _one_pass(runner, seqs, active, first, drafts, result: StepResult, lps) -> None:
+def _take_drafts(new: dict[str, Draft], rows: dict[str, _Rows], drafts: dict[str, Draft]) -> None:
+    """Append a frontier drafted during the last pass; a request rejected meanwhile prunes it."""
+    for rid, d in new.items():
+        if not d.tokens:
+            continue
+        old = drafts[rid]
+        old.tokens = old.tokens + d.tokens
+        if d.probs is not None:
+            old.probs = d.probs if old.probs is None else torch.cat([old.probs, d.probs])
+        r = rows[rid]
+        if r.done:
+            r.pruned += len(d.tokens)
+        else:
+            r.tokens = r.tokens + d.tokens
+
+
+def _one_pass(runner, seqs, active, first, drafts, result: StepResult, lps, cancelled: set[str]) -> None:
     spec, model = runner.spec, runner.model
     inputs = build_inputs(StepPlan(seqs), runner.block_size, runner.device, runner.paged_kernel)
     state: dict = {}
@@ -80,6 +113,7 @@ def _one_pass(runner, seqs, active, first, drafts, result: StepResult, lps) -> N
         first[s.request_id] = a + n
         if n < planned and all_drafts and ee is not None:
             ee.num_wrong_predictions += 1             # the draft predicted rejected was accepted
-        if not all_drafts or n < planned or first[s.request_id] >= len(rs.tokens):
+        if not all_drafts or n < planned or first[s.request_id] >= rs.total:
             rs.done = True
+            cancelled.add(s.request_id)
             rs.pruned += len(rs.tokens) - first[s.request_id] - (planned - n)

@@ -61,10 +61,14 @@ class EarlyExit:
 @dataclass
 class _Rows:
     seq: ScheduledSeq            # the drafting request's scheduled seq (token_ids = [x0])
-    tokens: list[int]            # x0 then the drafts
+    tokens: list[int]            # x0 then the drafts (so far: with overlap they arrive frontier by frontier)
+    total: int = 0               # rows once every draft is in (0: len(tokens))
     done: bool = False
     emitted: list[int] = field(default_factory=list)
     pruned: int = 0
+
+    def __post_init__(self) -> None:
+        self.total = self.total or len(self.tokens)
 
 
 def pass_seq(r: _Rows, a: int, b: int) -> ScheduledSeq:

@@ -1,0 +1,88 @@
+"""Overlap of drafting and verification (FASER): frontier f+1 is drafted while frontier f is verified.
+
+With `SpecConfig(overlap=True, frontier_size=F)` a model drafter first drafts only a request's first
+frontier (F tokens). While the target verifies frontier f, a `DraftWorker` drafts frontier f+1 on
+separate compute; a rejection in frontier f cancels the drafting in flight (the worker drops the
+request from its remaining draft passes) and the frontiers after it are never drafted. The pipeline
+that drives it is tandem.spec.pipeline; output stays exactly the target's, since only drafts are
+computed concurrently and every emitted token comes from verification.
+
+Separate compute:
+- CPU: the worker is one thread with `draft_threads` intra-op threads; while it runs, the verifying
+  thread gives up as many of its own, so the two never oversubscribe the cores. (torch.set_num_threads
+  acts per thread for OpenMP, which both oneDNN and ATen's parallel loops use here.)
+- CUDA: the worker drafts on its own stream, ordered after everything already queued on the main
+  stream (the KV the drafts attend to); the main stream waits for the draft stream before it uses
+  the drafts.
+
+Layer-skip drafting writes its layers' KV into the target's cache at the next frontier's positions
+while verification writes the current frontier's (disjoint slots). The drafter also reads the
+current frontier's slots, which verification rewrites with the same values up to float rounding:
+that can only change a draft, never an emitted token.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import torch
+
+from tandem.errors import ConfigError
+
+
+class DraftWorker:
+    def __init__(self, device: torch.device, draft_threads: int = 1) -> None:
+        self.device = device
+        self.draft_threads = draft_threads
+        self.total_threads = torch.get_num_threads()     # of the thread that runs the engine
+        if device.type == "cpu" and self.total_threads <= draft_threads:
+            raise ConfigError(f"overlap needs more CPU threads than draft_threads ({draft_threads}) to leave "
+                              f"some for verification; this engine has {self.total_threads}")
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-draft",
+                                        initializer=self._init_thread)
+        self.num_overlapped = 0         # passes verified while a frontier was drafted
+
+    def _init_thread(self) -> None:
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.draft_threads)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run fn(*args) on the worker (on CUDA: on the draft stream, after the main stream's queued work)."""
+        if self._stream is None:
+            return self._pool.submit(fn, *args)
+        ready = torch.cuda.current_stream(self.device).record_event()
+        stream = self._stream
+
+        def on_stream():
+            with torch.cuda.stream(stream):
+                stream.wait_event(ready)
+                out = fn(*args)
+                return out, stream.record_event()
+        return self._pool.submit(on_stream)
+
+    def result(self, future: Future) -> Any:
+        """Wait for the worker; later work on the main stream is ordered after the drafts."""
+        if self._stream is None:
+            return future.result()
+        out, done = future.result()
+        torch.cuda.current_stream(self.device).wait_event(done)
+        return out
+
+    @contextmanager
+    def verifying(self):
+        """The verifier's side of an overlapped pass: fewer intra-op threads while the worker drafts."""
+        self.num_overlapped += 1
+        if self.device.type != "cpu":
+            yield
+            return
+        torch.set_num_threads(self.total_threads - self.draft_threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(self.total_threads)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
