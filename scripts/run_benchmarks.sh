@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Re-measure every engine figure in docs/benchmarks.md on this machine. Run it on a quiet machine
-# (nothing else running: on 2 cores a second process halves every figure). About 90 minutes.
-# Pieces: offline profile spec spec-repeats ablation augmented augmented-overload augmented-tight serve
+# (nothing else running: on 2 cores a second process halves every figure). About 2 hours.
+# Pieces: offline profile spec spec-repeats ablation overlap augmented augmented-overload augmented-tight serve
 # (scripts/run_benchmarks.sh PIECE...; default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 OUT=docs/results
 mkdir -p "$OUT" docs/img
-PIECES=${*:-offline profile spec spec-repeats ablation augmented augmented-overload augmented-tight serve}
+PIECES=${*:-offline profile spec spec-repeats ablation overlap augmented augmented-overload augmented-tight serve}
 
 for piece in $PIECES; do
 case $piece in
@@ -26,6 +26,17 @@ spec-repeats) # Issue 3: the claims that single runs are too noisy for, with 3 i
 ablation) # Issue 3: early pruning (frontiers, intermediate-layer early exit) on top of adaptive.
   $BIN/tandem bench spec --concurrency 1,8 --policies no-sd,adaptive,adaptive+frontiers,adaptive+early-exit \
     --repeats 2 --requests-per-point 8 --kinds "" --json $OUT/spec_ablation.json ;;
+overlap)  # Issue 3: drafting overlapped with verification, for a draft model (the target itself: all
+          # accepted) and layer-skip drafts; plus the mechanism probe (concurrent vs sequential passes).
+  $BIN/tandem bench spec --speculative draft --draft-model "$($BIN/python -c 'from tandem.models.fetch import fetch_default_model as f; print(f(progress=False))')" \
+    --concurrency 1,4 --policies fixed-8,fixed-8+frontiers,fixed-8+overlap --repeats 5 \
+    --requests-per-point 4 --kinds "" --max-tokens 64 --json $OUT/spec_overlap_selfdraft.json
+  $BIN/tandem bench spec --speculative layerskip --num-draft-layers 8 --concurrency 1,4 \
+    --policies no-sd,fixed-8+frontiers,fixed-8+overlap,adaptive,adaptive+overlap --repeats 5 \
+    --requests-per-point 4 --kinds "" --max-tokens 64 --json $OUT/spec_overlap_layerskip.json
+  $BIN/python scripts/probe_overlap.py --layers 8 --concurrency 1,4 --frontier 4 --json /tmp/probe_l8.json
+  $BIN/python scripts/probe_overlap.py --layers 30 --concurrency 1,4 --frontier 4 --json /tmp/probe_l30.json
+  $BIN/python -c "import json; json.dump({'layers_8': json.load(open('/tmp/probe_l8.json')), 'layers_30': json.load(open('/tmp/probe_l30.json'))}, open('$OUT/overlap_probe.json', 'w'), indent=2)" ;;
 augmented) # Issue 4: tool-augmented mixture at three Poisson rates (scaled trace: see docs/benchmarks.md).
   $BIN/tandem bench augmented --policies fcfs-discard,infercept,augserve-stage1,augserve-stage2,augserve \
     --rates 0.5,1.0,2.0 --num-requests 24 --token-scale 0.25 --time-scale 0.25 --json $OUT/augmented.json ;;

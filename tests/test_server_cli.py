@@ -14,7 +14,8 @@ import httpx
 import pytest
 from server_helpers import wait_until
 
-from tandem.cli import build_parser, served_model_name
+from tandem.cli import _spec_config, build_parser, served_model_name
+from tandem.errors import ConfigError
 
 
 def free_port() -> int:
@@ -36,6 +37,19 @@ def test_serve_defaults():
     assert served_model_name(None) == "SmolLM2-135M-Instruct"
     assert served_model_name("/models/Qwen3-0.6B/") == "Qwen3-0.6B"
     assert served_model_name("/m/tiny.Q4_0.gguf") == "tiny.Q4_0"
+
+
+def test_serve_speculation_flags():
+    a = build_parser().parse_args(["serve", "--speculative", "layerskip", "--num-draft-layers", "8",
+                                   "--frontier-size", "2", "--overlap", "--draft-threads", "1"])
+    cfg = _spec_config(a)
+    assert (cfg.method, cfg.num_draft_layers, cfg.frontier_size, cfg.overlap, cfg.draft_threads) == \
+        ("layerskip", 8, 2, True, 1)
+    with pytest.raises(ConfigError, match="frontier_size"):
+        _spec_config(build_parser().parse_args(["serve", "--speculative", "layerskip", "--overlap"]))
+    with pytest.raises(ConfigError, match="model drafter"):
+        _spec_config(build_parser().parse_args(["serve", "--speculative", "ngram", "--frontier-size", "2",
+                                                "--overlap"]))
 
 
 def test_serve_prints_usage_and_drains_on_sigterm(tiny_llama):

@@ -75,6 +75,8 @@ _workers: dict[int, object] = {}        # one draft worker per decoder, kept whi
 
 def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, num_requests: int) -> dict[str, Any]:
     eng = llm.engine
+    worker = eng.executor.spec.overlap if eng.executor.spec is not None else None
+    overlapped_before = worker.num_overlapped if worker is not None else 0
     pending = [items[i % len(items)] for i in range(num_requests)]
     kinds: dict[str, str] = {}
     records = []
@@ -97,8 +99,7 @@ def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, nu
                                 "spec": m.extra.get("spec")})
     wall = time.perf_counter() - t0
     stats = eng.scheduler.spec_stats
-    decoder = eng.executor.spec
-    ee = decoder.early_exit if decoder is not None else None
+    ee = eng.executor.spec.early_exit if eng.executor.spec is not None else None
     early_exit = None if ee is None else {"checked": ee.num_checked, "predicted_rejections": ee.num_predicted_rejections,
                                           "wrong_predictions": ee.num_wrong_predictions}
     tpots = [r["tpot_s"] for r in records if r["tpot_s"] is not None]
@@ -106,8 +107,9 @@ def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, nu
             "tpot_p50_ms": 1e3 * percentile(tpots, 50), "tpot_p99_ms": 1e3 * percentile(tpots, 99),
             "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
             "num_draft_tokens": stats.num_draft_tokens, "num_pruned_tokens": stats.num_pruned_tokens,
-            "early_exit": early_exit, "overlapped_passes": decoder.overlap.num_overlapped
-            if decoder is not None and decoder.overlap is not None else None, "chosen_lengths": dict(sorted(stats.chosen_lengths.items())),
+            "early_exit": early_exit,
+            "overlapped_passes": worker.num_overlapped - overlapped_before if worker is not None else None,
+            "chosen_lengths": dict(sorted(stats.chosen_lengths.items())),
             "records": records}
 
 

@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from tandem.runner.sampler import SampleRow, Sampler, apply_min_tokens, token_logprob, warp_probs
+from tandem.runner.sampler import Sampler, SampleRow, apply_min_tokens, token_logprob, warp_probs
 from tandem.spec.drafter import Draft, ModelDrafter
 from tandem.spec.ngram import NgramProposer
 from tandem.spec.verify import verify_greedy, verify_sampled

@@ -18,7 +18,7 @@ import torch
 from tandem.models.llama import LlamaModel
 from tandem.runner.attention import AttentionBackend
 from tandem.runner.inputs import build_inputs
-from tandem.runner.sampler import SampleRow, Sampler, apply_min_tokens, warp_probs
+from tandem.runner.sampler import Sampler, SampleRow, apply_min_tokens, warp_probs
 from tandem.types import ScheduledSeq, StepPlan
 
 
@@ -42,13 +42,13 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def propose(self, seqs: list[ScheduledSeq], ks: list[int], prefix: dict[str, Draft] | None = None,
-                cancelled: set[str] | frozenset[str] = frozenset()) -> dict[str, Draft]:
+                cancelled: set[str] | frozenset[str] = frozenset(), pace=None) -> dict[str, Draft]:
         """Draft until seqs[i] has ks[i] draft tokens; returns the new tokens only.
 
         `prefix[rid]`: drafts the request already has (drafting continues after them: the overlap
         drafts a request's next frontier while the previous one is verified). A request whose id
         appears in `cancelled` (its verification rejected a draft meanwhile) is dropped from the
-        passes that follow."""
+        passes that follow. `pace()`, if given, runs before each pass (the overlap's thread handoff)."""
         prefix = prefix or {}
         have = {s.request_id: list(prefix[s.request_id].tokens) if s.request_id in prefix else [] for s in seqs}
         begin = {rid: len(t) for rid, t in have.items()}
@@ -58,6 +58,8 @@ class ModelDrafter:
             batch = [s for s, k in zip(seqs, ks) if begin[s.request_id] <= j < k and s.request_id not in cancelled]
             if not batch:
                 continue
+            if pace is not None:
+                pace()
             pass_seqs = [self._pass_seq(s, have[s.request_id], last_pos[s.request_id], j) for s in batch]
             inputs = build_inputs(StepPlan(pass_seqs), self.block_size, self.device, self.attn.kernel is not None)
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta, self.num_layers)

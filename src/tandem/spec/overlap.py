@@ -9,8 +9,10 @@ computed concurrently and every emitted token comes from verification.
 
 Separate compute:
 - CPU: the worker is one thread with `draft_threads` intra-op threads; while it runs, the verifying
-  thread gives up as many of its own, so the two never oversubscribe the cores. (torch.set_num_threads
-  acts per thread for OpenMP, which both oneDNN and ATen's parallel loops use here.)
+  thread gives up as many of its own, so the two never oversubscribe the cores. Once verification
+  is done and waits for the drafts, the worker takes every thread for its remaining draft passes,
+  so no core idles. (torch.set_num_threads acts per thread for OpenMP, which both oneDNN and ATen's
+  parallel loops use here.)
 - CUDA: the worker drafts on its own stream, ordered after everything already queued on the main
   stream (the KV the drafts attend to); the main stream waits for the draft stream before it uses
   the drafts.
@@ -23,9 +25,11 @@ that can only change a draft, never an emitted token.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -43,14 +47,26 @@ class DraftWorker:
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-draft",
                                         initializer=self._init_thread)
+        self._verifier_waiting = threading.Event()
+        self._worker_threads = draft_threads
         self.num_overlapped = 0         # passes verified while a frontier was drafted
 
     def _init_thread(self) -> None:
         if self.device.type == "cpu":
             torch.set_num_threads(self.draft_threads)
 
+    def pace(self) -> None:
+        """Called by the drafter before each pass, on the worker: all threads once the verifier waits."""
+        if self.device.type != "cpu":
+            return
+        want = self.total_threads if self._verifier_waiting.is_set() else self.draft_threads
+        if want != self._worker_threads:
+            torch.set_num_threads(want)
+            self._worker_threads = want
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         """Run fn(*args) on the worker (on CUDA: on the draft stream, after the main stream's queued work)."""
+        self._verifier_waiting.clear()
         if self._stream is None:
             return self._pool.submit(fn, *args)
         ready = torch.cuda.current_stream(self.device).record_event()
@@ -65,6 +81,7 @@ class DraftWorker:
 
     def result(self, future: Future) -> Any:
         """Wait for the worker; later work on the main stream is ordered after the drafts."""
+        self._verifier_waiting.set()
         if self._stream is None:
             return future.result()
         out, done = future.result()

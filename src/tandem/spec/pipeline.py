@@ -39,7 +39,8 @@ def execute_with_pruning(runner, plan: StepPlan, drafts: dict[str, Draft]) -> St
         if more:
             job = overlap.submit(spec.proposer.propose, [r.seq for r in more],
                                  [min(len(r.tokens) - 1 + width, r.total - 1) for r in more],
-                                 {r.seq.request_id: drafts[r.seq.request_id] for r in more}, cancelled)
+                                 {r.seq.request_id: drafts[r.seq.request_id] for r in more}, cancelled,
+                                 overlap.pace)
             try:
                 with overlap.verifying():
                     _one_pass(runner, seqs, active, first, drafts, result, lps, cancelled)
