@@ -230,13 +230,12 @@ def _overlap_specs(tiny_loopy, tiny_models):
                                   max_draft_tokens=4, frontier_size=1, overlap=True),
         "self-draft": SpecConfig(method="draft", draft_model=str(tiny_loopy), policy="fixed", max_draft_tokens=6,
                                  frontier_size=2, overlap=True),
-        "adaptive+early-exit": SpecConfig(method="layerskip", policy="adaptive", max_draft_tokens=6,
-                                          num_draft_layers=2, frontier_size=3, overlap=True, early_exit_layer=1,
-                                          early_exit_topk=2),
+        "early-exit": SpecConfig(method="layerskip", policy="fixed", max_draft_tokens=6, num_draft_layers=2,
+                                 frontier_size=3, overlap=True, early_exit_layer=1, early_exit_topk=2),
     }
 
 
-@pytest.mark.parametrize("name", ["layerskip", "draft-model", "self-draft", "adaptive+early-exit"])
+@pytest.mark.parametrize("name", ["layerskip", "draft-model", "self-draft", "early-exit"])
 def test_overlapped_drafting_is_lossless(tiny_loopy, tiny_models, reference, name):
     """Frontier f+1 drafted on the worker thread while frontier f is verified: the same tokens."""
     spec = _overlap_specs(tiny_loopy, tiny_models)[name]
