@@ -293,3 +293,21 @@ def test_overlap_needs_a_thread_to_spare():
 
     with pytest.raises(ConfigError, match="draft_threads"):
         DraftWorker(torch.device("cpu"), draft_threads=torch.get_num_threads())
+
+
+def test_draft_worker_runs_on_its_threads_and_goes_away_with_its_engine():
+    import gc
+    import threading
+    import time
+
+    from tandem.spec.overlap import DraftWorker
+
+    worker = DraftWorker(torch.device("cpu"), draft_threads=1)
+    ident, threads = worker.result(worker.submit(lambda: (threading.get_ident(), torch.get_num_threads())))
+    assert ident != threading.get_ident() and threads == 1
+    del worker
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while any(t.ident == ident for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.ident == ident for t in threading.enumerate())    # no thread leaked per engine

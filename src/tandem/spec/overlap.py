@@ -45,15 +45,14 @@ class DraftWorker:
             raise ConfigError(f"overlap needs more CPU threads than draft_threads ({draft_threads}) to leave "
                               f"some for verification; this engine has {self.total_threads}")
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # The initializer must not reference self: the pool's thread would keep the worker alive
+        # forever (it exits once the pool is garbage-collected).
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-draft",
-                                        initializer=self._init_thread)
+                                        initializer=torch.set_num_threads if device.type == "cpu" else None,
+                                        initargs=(draft_threads,) if device.type == "cpu" else ())
         self._verifier_waiting = threading.Event()
         self._worker_threads = draft_threads
         self.num_overlapped = 0         # passes verified while a frontier was drafted
-
-    def _init_thread(self) -> None:
-        if self.device.type == "cpu":
-            torch.set_num_threads(self.draft_threads)
 
     def pace(self) -> None:
         """Called by the drafter before each pass, on the worker: all threads once the verifier waits."""
@@ -100,6 +99,3 @@ class DraftWorker:
             yield
         finally:
             torch.set_num_threads(self.total_threads)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
