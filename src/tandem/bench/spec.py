@@ -12,6 +12,7 @@ length, draft-length histogram; plus a per-kind run at concurrency 1 and a PNG p
 from __future__ import annotations
 
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,14 @@ def use_policy(llm, name: str) -> None:
         decoder.early_exit = EarlyExit(model, model.cfg.num_layers // 2, 8) if early_exit else None
         if overlap and not isinstance(decoder.proposer, ModelDrafter):
             raise ConfigError(f"policy {name!r} overlaps model drafting: run with --speculative draft or layerskip")
-        worker = _workers.get(id(decoder))
+        worker = _workers.get(decoder)
         if overlap and worker is None:
-            worker = _workers[id(decoder)] = DraftWorker(llm.engine.executor.device)
+            worker = _workers[decoder] = DraftWorker(llm.engine.executor.device)
         decoder.overlap = worker if overlap else None
 
 
-_workers: dict[int, object] = {}        # one draft worker per decoder, kept while other variants run
+_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # decoder -> its draft worker, kept
+                                                                    # while variants without overlap run
 
 
 def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, num_requests: int) -> dict[str, Any]:
