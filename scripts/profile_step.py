@@ -33,7 +33,7 @@ def timed(name, fn):
 
 
 def instrument(llm: LLM) -> None:
-    runner = llm.engine.executor.runner if hasattr(llm.engine.executor, "runner") else llm.engine.executor
+    runner = llm.engine.executor                  # the ModelRunner
     model = runner.model
     for name, mod in model.named_modules():
         if isinstance(mod, Linear):

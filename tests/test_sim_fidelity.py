@@ -3,8 +3,9 @@ model, CPU) on the same small workload: mean TTFT, mean TPOT and output throughp
 
 The profile (src/tandem/sim/profiles/cpu-smollm2-135m.json) was measured with `tandem simulate
 calibrate` on the project's 2-core machine; machines differ, and so does one shared VM from hour
-to hour (the probe step measured 25.8 ms at calibration and 35-41 ms on a slower afternoon, when
-the engine's TPOT on this workload varied 68-107 ms from run to run). Step times do not scale
+to hour (the probe step measured 25.8 ms at a first calibration, 33.5 ms at the current one, and
+35-41 ms on a slower afternoon, when the engine's TPOT on this workload varied 68-107 ms from run
+to run). Step times do not scale
 uniformly with such slowdowns (scaling the profile by the probe ratio made the errors worse), so
 the test first times the probe here and skips, saying so, unless this machine is within 1.25x of
 the profile: fidelity is a property of a profile on the machine it describes. The errors are

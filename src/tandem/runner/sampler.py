@@ -38,7 +38,7 @@ class Sampler:
         self._request_generators: dict[str, torch.Generator] = {}
 
     def _seed(self, seed: int) -> int:
-        return seed if self.stream == 0 else hash((seed, self.stream)) & 0x7FFF_FFFF_FFFF_FFFF
+        return seed if self.stream == 0 else _mix(seed, self.stream)
 
     def release(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
@@ -58,7 +58,7 @@ class Sampler:
         any point (overlap), and a position is judged at most once, so its draw stays independent."""
         if row.params.seed is None:
             return self.generator
-        seed = hash((row.params.seed, self.stream, row.num_output_tokens)) & 0x7FFF_FFFF_FFFF_FFFF
+        seed = _mix(row.params.seed, self.stream, row.num_output_tokens)
         return torch.Generator(device=self.device).manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -96,6 +96,11 @@ class Sampler:
         """One token from `probs` [V] (exponential race)."""
         e = torch.empty_like(probs).exponential_(generator=generator)
         return int((probs / e).argmax())
+
+
+def _mix(*parts: int) -> int:
+    """A generator seed from several integers (hashes of int tuples do not vary between runs)."""
+    return hash(parts) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def apply_min_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:

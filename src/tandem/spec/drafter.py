@@ -104,4 +104,3 @@ class ModelDrafter:
 
     def release(self, request_id: str) -> None:
         self._computed.pop(request_id, None)
-        self.sampler.release(request_id)
