@@ -39,28 +39,53 @@ DECODE = ((1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (32, 64), (64, 64), (1, 
 VERIFY = ((1, 2), (1, 4), (1, 8), (8, 4), (8, 8), (32, 4))
 
 
-class _Recorder:
-    """Wraps the engine's executor and keeps the last step's plan and result."""
+class StepRecorder:
+    """Records each model step an engine runs while in the `with` block: its shape (from the plan
+    and the drafts actually verified), its wall seconds around `LLMEngine.step()` and the current
+    `phase` label, as dicts in `samples` (the profile's sample format)."""
 
-    def __init__(self, inner: ModelRunner) -> None:
-        self.inner = inner
-        self.last: tuple[StepPlan, StepResult] | None = None
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine, self.phase = engine, ""
+        self.samples: list[dict[str, Any]] = []
+        self._inner: ModelRunner | None = None
+        self._last: tuple[StepPlan, StepResult] | None = None
+
+    def __enter__(self) -> "StepRecorder":
+        self._inner = self.engine.executor
+        self.engine.executor = self          # stands in for the runner: execute + release
+        self._step = self.engine.step
+        self.engine.step = self._timed_step  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.executor = self._inner
+        del self.engine.step                 # back to the class's method
 
     def execute(self, plan: StepPlan) -> StepResult:
-        result = self.inner.execute(plan)
-        self.last = (plan, result)
+        result = self._inner.execute(plan)
+        self._last = (plan, result)
         return result
 
     def release(self, request_ids: list[str]) -> None:
-        self.inner.release(request_ids)
+        self._inner.release(request_ids)
+
+    def _timed_step(self) -> list[Any]:
+        before, self._last = self.engine.last_step, None
+        t = time.perf_counter()
+        outputs = self._step()
+        dt = time.perf_counter() - t
+        if self.engine.last_step is not before and self._last is not None:
+            plan, result = self._last
+            shape = shape_of(plan, result.num_draft_tokens)
+            sample = {k: getattr(shape, k) for k in SHAPE_FIELDS}
+            sample.update(num_draft_tokens=shape.num_draft_tokens, seconds=dt, phase=self.phase)
+            self.samples.append(sample)
+        return outputs
 
 
 class _Session:
-    def __init__(self, engine: LLMEngine, rng: random.Random) -> None:
-        self.engine, self.rng = engine, rng
-        self.recorder = _Recorder(engine.executor)
-        engine.executor = self.recorder
-        self.samples: list[dict[str, Any]] = []
+    def __init__(self, engine: LLMEngine, recorder: StepRecorder, rng: random.Random) -> None:
+        self.engine, self.recorder, self.rng = engine, recorder, rng
 
     def prompt(self, n: int, period: int | None = None) -> list[int]:
         hi = min(20000, self.engine.vocab_size)
@@ -72,17 +97,9 @@ class _Session:
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         for p in prompts:
             eng.add_request(prompt_token_ids=p, params=params)
+        self.recorder.phase = phase
         while eng.has_unfinished_requests():
-            before = eng.last_step
-            t = time.perf_counter()
             eng.step()
-            dt = time.perf_counter() - t
-            if eng.last_step is not before and self.recorder.last is not None:
-                plan, result = self.recorder.last
-                shape = shape_of(plan, result.num_draft_tokens)
-                sample = {k: getattr(shape, k) for k in SHAPE_FIELDS}
-                sample.update(num_draft_tokens=shape.num_draft_tokens, seconds=dt, phase=phase)
-                self.samples.append(sample)
 
 
 def _copy_bytes_per_s(mb: int = 64) -> float:
@@ -113,39 +130,51 @@ def measure(session: _Session, runner: ModelRunner, quick: bool, log: Log) -> No
     for t in [t for t in (PREFILL[:-1] if quick else PREFILL) if t < fits]:
         for _ in range(reps):
             session.run([session.prompt(t)], 2, f"prefill-{t}")
-    log(f"  prefill done ({len(session.samples)} steps)")
+    log(f"  prefill done ({len(session.recorder.samples)} steps)")
     for b, c in [(b, c) for b, c in (DECODE[::2] if quick else DECODE) if c < fits]:
         session.run([session.prompt(c) for _ in range(b)], 6 if quick else 8, f"decode-{b}x{c}")
-    log(f"  decode done ({len(session.samples)} steps)")
+    log(f"  decode done ({len(session.recorder.samples)} steps)")
     for b, k in VERIFY[::2] if quick else VERIFY:
         _speculate(session.engine, runner, k)
         session.run([session.prompt(96, period=8) for _ in range(b)], 16 if quick else 24, f"verify-{b}x{k}")
     _speculate(session.engine, runner, None)
-    log(f"  verification done ({len(session.samples)} steps)")
+    log(f"  verification done ({len(session.recorder.samples)} steps)")
     rng = session.rng
     mixed = [session.prompt(rng.randint(32, 400)) for _ in range(12 if quick else 24)]
     session.run(mixed, 24 if quick else 48, "mixed")
-    log(f"  mixed done ({len(session.samples)} steps)")
+    log(f"  mixed done ({len(session.recorder.samples)} steps)")
 
 
 def calibrate(model: str | None = None, quick: bool = False, log: Log = print,
               seed: int = 0) -> dict[str, Any]:
-    """Measure the engine and return a simulator profile (see tandem.sim.cost.calibrated)."""
+    """Build the engine (default configuration) and return its simulator profile."""
     sched_cfg, cache_cfg = SchedulerConfig(), CacheConfig()
     engine = build_engine(ModelConfig(model=model, seed=seed), cache_cfg, sched_cfg, None, progress=False)
+    return profile_engine(engine, resolve_model(model, False).name, quick=quick, log=log, seed=seed)
+
+
+def profile_engine(engine: LLMEngine, model_name: str, quick: bool = False, log: Log = print,
+                   seed: int = 0) -> dict[str, Any]:
+    """Measure a built, idle engine (no speculation attached) and return a simulator profile (see
+    tandem.sim.cost.calibrated). The engine is left as it was found, with its prefix cache reset."""
+    if engine.has_unfinished_requests():
+        raise ValueError("profile_engine needs an idle engine")
     runner = engine.executor
     cfg = runner.model.cfg
     elem = torch.empty((), dtype=runner.model.dtype).element_size()
-    session = _Session(engine, random.Random(seed))
     t0 = time.perf_counter()
-    measure(session, runner, quick, log)
-    samples = [s for s in session.samples if s["phase"] != "warmup"]
+    try:
+        with StepRecorder(engine) as recorder:
+            measure(_Session(engine, recorder, random.Random(seed)), runner, quick, log)
+    finally:
+        engine.scheduler.kv.reset_prefix_cache()
+    samples = [s for s in recorder.samples if s["phase"] != "warmup"]
     decode_b1 = [s["seconds"] for s in samples if s["phase"] == "decode-1x64" and s["num_tokens"] == 1]
-    kv = engine.scheduler.kv
+    kv, sched_cfg = engine.scheduler.kv, engine.scheduler.config
     return {
         "format": FORMAT,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "model": resolve_model(model, False).name,
+        "model": model_name,
         "dtype": str(runner.model.dtype).replace("torch.", ""),
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
