@@ -50,7 +50,7 @@ class StepRecorder:
         self._inner: ModelRunner | None = None
         self._last: tuple[StepPlan, StepResult] | None = None
 
-    def __enter__(self) -> "StepRecorder":
+    def __enter__(self) -> StepRecorder:
         self._inner = self.engine.executor
         self.engine.executor = self          # stands in for the runner: execute + release
         self._step = self.engine.step

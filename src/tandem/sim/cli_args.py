@@ -28,6 +28,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     s.add_argument("--gpus", type=int, default=None, help="faser: GPUs for the 32B target (default 2)")
     s.add_argument("--peak-load", type=float, default=None,
                    help="faser: diurnal peak / no-SD capacity (default 1)")
+    s.add_argument("--no-ablation", action="store_true",
+                   help="faser: skip the frontiers / overlap ablation runs")
     s.add_argument("--deployments", default=None,
                    help="augserve: MODEL@HARDWARE,... (default: llama3-8b and llama2-13b on A100-80GB "
                         "and H100-80GB)")
@@ -72,6 +74,7 @@ def _run_scenario(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
                             ("num_gpus", a.gpus), ("peak_load", a.peak_load)):
             if value is not None:
                 setattr(opts, attr, value)
+        opts.ablation = not a.no_ablation
         res = run_faser(opts, _log)
         return res, report.faser_tables(res)
     if name == "augserve":

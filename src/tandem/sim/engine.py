@@ -210,8 +210,8 @@ class SimEngine:
         rec.output_tokens = request.num_output_tokens
         rec.num_preemptions = request.num_preemptions
         spec = request.spec
-        rec.num_draft_tokens, rec.num_accepted_tokens, rec.num_spec_steps = \
-            spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_steps
+        rec.num_draft_tokens, rec.num_accepted_tokens, rec.num_spec_steps, rec.num_pruned_tokens = \
+            spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_steps, spec.num_pruned_tokens
         self.executor.release([rid])
         self._cursors.pop(rid, None)
         del self._requests[rid]

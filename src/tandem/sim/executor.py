@@ -8,13 +8,19 @@ longest run of successes of position-dependent Bernoulli draws: draft m (1-based
 probability base * decay^(m-1), the request's base acceptance drawn per workload kind; the target
 then adds one token, so k drafts give `accepted + 1` tokens. Each request draws from its own
 seeded RNG, so outcomes do not depend on what else is batched with it. No torch, no clock.
+
+With `frontier_size` F > 0 (FASER's early pruning), verification runs in passes of F drafts and a
+rejection in one frontier cancels the later ones (their drafts count as pruned): the step costs
+its drafting plus one target forward per pass (`frontier_step`). With `overlap`, frontier f + 1
+is drafted while pass f runs (`CostModel.concurrent_time_s`), so the step is frontier 0's
+drafting plus the overlapped passes. The middle-layer early exit is not modelled.
 """
 
 from __future__ import annotations
 
 import random
 
-from tandem.sim.cost.base import CostModel, shape_of
+from tandem.sim.cost.base import CostModel, frontier_step, shape_of
 from tandem.types import StepPlan, StepResult
 
 FILL_TOKEN = 11
@@ -31,10 +37,15 @@ def draw_accepted(rng: random.Random, base: float, num_drafts: int, decay: float
 
 
 class SimExecutor:
-    def __init__(self, cost: CostModel, seed: int = 0, position_decay: float = 0.97) -> None:
+    def __init__(self, cost: CostModel, seed: int = 0, position_decay: float = 0.97, frontier_size: int = 0,
+                 overlap: bool = False) -> None:
+        if overlap and frontier_size < 1:
+            raise ValueError("overlap drafts frontier f+1 while frontier f is verified: set frontier_size >= 1")
         self.cost = cost
         self.seed = seed
         self.position_decay = position_decay
+        self.frontier_size = frontier_size
+        self.overlap = overlap
         self._requests: dict[str, tuple[float, random.Random]] = {}
         self.last_duration_s = 0.0
         self.busy_s = 0.0                  # virtual seconds spent in steps
@@ -62,10 +73,28 @@ class SimExecutor:
                 result.num_accepted_tokens[s.request_id] = accepted
             result.sampled_token_ids[s.request_id] = [FILL_TOKEN] * (accepted + 1)
         shape = shape_of(plan)
-        duration = self.cost.step_time_s(shape) + self.cost.swap_time_s(shape.num_swap_blocks)
+        if self.frontier_size and result.num_draft_tokens:
+            compute = self._frontier_time_s(plan, result)
+        else:
+            compute = self.cost.step_time_s(shape)
+        duration = compute + self.cost.swap_time_s(shape.num_swap_blocks)
         self.last_duration_s = duration
         self.busy_s += duration
         return result, duration
+
+    def _frontier_time_s(self, plan: StepPlan, result: StepResult) -> float:
+        """Seconds of a step verified in frontiers; records each request's pruned drafts."""
+        size, cost = self.frontier_size, self.cost
+        accepted = result.num_accepted_tokens
+        for rid, k in result.num_draft_tokens.items():
+            verified = min(k, (accepted[rid] // size + 1) * size)
+            result.num_pruned_tokens[rid] = k - verified
+        step = frontier_step(plan, accepted, size, self.overlap)
+        if not self.overlap:
+            return cost.draft_time_s(step.drafts[0]) + sum(
+                cost.verify_time_s(v, first=f == 0) for f, v in enumerate(step.verify))
+        return cost.draft_time_s(step.drafts[0]) + sum(
+            cost.concurrent_time_s(v, f == 0, d) for f, (v, d) in enumerate(zip(step.verify, step.drafts[1:])))
 
     def execute(self, plan: StepPlan) -> StepResult:
         """The engine's Executor protocol (the duration is left in `last_duration_s`)."""

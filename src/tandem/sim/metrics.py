@@ -45,6 +45,7 @@ class RequestRecord:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_spec_steps: int = 0
+    num_pruned_tokens: int = 0          # drafts cut from verification (frontiers)
 
     @property
     def completed(self) -> bool:
@@ -128,6 +129,7 @@ def summarize(records: list[RequestRecord], slo: SLO | None = None) -> dict[str,
         steps = sum(r.num_spec_steps for r in records)
         accepted = sum(r.num_accepted_tokens for r in records)
         s["spec"] = {"draft_tokens": drafted, "accepted_tokens": accepted,
+                     "pruned_tokens": sum(r.num_pruned_tokens for r in records),
                      "acceptance_rate": accepted / drafted, "mean_draft_length": drafted / steps,
                      "mean_accepted_length": 1 + accepted / steps}
     calls = sum(r.num_tool_calls for r in records)

@@ -31,6 +31,9 @@ def _faser_row(r: dict[str, Any]) -> list[str]:
             _f(spec.get("mean_draft_length"), ".2f")]
 
 
+ABLATION_BASES = ("adaptive", "fixed-8")
+
+
 def faser_tables(res: dict[str, Any]) -> str:
     header = ["policy", "sat. req/s", "sat. tok/s", "E2E mean s", "E2E p99 s", "TPOT mean ms", "TTFT p99 s",
               "accept", "mean k"]
@@ -41,7 +44,13 @@ def faser_tables(res: dict[str, Any]) -> str:
     tail = (f"  paper: up to x1.53 throughput, x1.92 lower latency; ours: up to x{h['max_throughput_x']:.2f} "
             f"throughput, x{h['max_mean_latency_x']:.2f} lower mean latency")
     body = table(header, [_faser_row(r) for r in res["rows"]])
-    return "\n".join([f"FASER scenario: {res['description']}", body] + vs + [tail])
+    parts = [f"FASER scenario: {res['description']}", body] + vs + [tail]
+    if res.get("ablation"):
+        rows = [_faser_row(r) + [_f(r["summary"].get("spec", {}).get("pruned_tokens"), "d")]
+                for r in res["rows"] + res["ablation"] if r["label"] in ABLATION_BASES or r in res["ablation"]]
+        parts += [f"\nablation: verification in frontiers of {res['frontier_size']} drafts (+ overlapped drafting)",
+                  table(header + ["pruned"], rows)]
+    return "\n".join(parts)
 
 
 def _augserve_row(r: dict[str, Any]) -> list[str]:

@@ -42,7 +42,9 @@ def simulate(cost: CostModel, cfg: SimConfig, requests: list[SimRequest], slo: S
     """Run the workload on the modelled deployment; returns its figures, counters and speed."""
     dep = cost.deployment()
     scheduler = build_scheduler(cfg, cost, dep)
-    executor = SimExecutor(cost, cfg.seed, cfg.position_decay)
+    spec = cfg.spec
+    executor = SimExecutor(cost, cfg.seed, cfg.position_decay, spec.frontier_size if spec else 0,
+                           spec.overlap if spec else False)
     engine = SimEngine(scheduler, executor, cfg, on_plan)
     wall = time.perf_counter()
     records = engine.run(requests)

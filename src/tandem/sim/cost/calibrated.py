@@ -94,6 +94,17 @@ class CalibratedCost:
             return 0.0
         return sum(c * feat(shape) for feat, c in self._terms)
 
+    def verify_time_s(self, shape: StepShape, first: bool) -> float:
+        """A further frontier pass costs a whole step of its shape: on this CPU the fitted per-step
+        term is mostly the weights streamed through once per forward, which each pass repeats."""
+        return self.step_time_s(shape)
+
+    def draft_time_s(self, shape: StepShape) -> float:
+        return 0.0          # profiles measure n-gram drafting, which costs no forward
+
+    def concurrent_time_s(self, verify: StepShape, first: bool, draft: StepShape) -> float:
+        return self.verify_time_s(verify, first)
+
     def swap_time_s(self, num_blocks: int) -> float:
         return num_blocks * self.block_size * self.swap_s_per_token
 

@@ -8,7 +8,9 @@ P query-key pairs) costs
 with FLOP/s and bytes/s the hardware's peaks times its efficiency factors (see hardware.py). A
 step adds a fixed overhead and a per-sequence overhead; with a separate draft model, each draft
 position is one more (small) forward over the sequences still drafting, plus one draft forward
-over the step's prefill tokens (the draft keeps its own KV). The whole step uses max(compute,
+over the step's prefill tokens (the draft keeps its own KV). Verification in frontiers (see
+base.FrontierStep) is one target forward per pass; a pass overlapped with drafting takes the
+longer of the two, or what their FLOPs and bytes together need of the shared machine. The whole step uses max(compute,
 memory), which slightly flatters mixed prefill+decode steps. Tensor parallelism over N GPUs is an
 aggregate machine (N x peaks x `tp_efficiency`) with two all-reduces per layer over NVLink.
 
@@ -49,12 +51,16 @@ class RooflineCost:
             f"@{n}x{hw.name}"
 
     # --- time ----------------------------------------------------------------------------
-    def forward_s(self, arch: ModelArch, tokens: int, rows: int, context: int, pairs: int) -> float:
-        """One forward pass of `arch` (see the module docstring)."""
+    def _work(self, arch: ModelArch, tokens: int, rows: int, context: int, pairs: int) -> tuple[float, float]:
+        """(FLOPs, bytes) of one forward pass of `arch` (see the module docstring)."""
         flops = 2 * arch.layer_params * tokens + 2 * arch.lm_head_params * rows + \
             4 * arch.num_layers * arch.attention_width * pairs
         weights = arch.layer_params + (arch.lm_head_params if rows else 0)
-        nbytes = weights * arch.bytes_per_param + arch.kv_bytes_per_token * context
+        return flops, weights * arch.bytes_per_param + arch.kv_bytes_per_token * context
+
+    def forward_s(self, arch: ModelArch, tokens: int, rows: int, context: int, pairs: int) -> float:
+        """One forward pass of `arch` (see the module docstring)."""
+        flops, nbytes = self._work(arch, tokens, rows, context, pairs)
         return max(flops / self._flops, nbytes / self._bandwidth) + self._allreduce_s(arch, tokens)
 
     def _allreduce_s(self, arch: ModelArch, tokens: int) -> float:
@@ -68,26 +74,49 @@ class RooflineCost:
     def step_time_s(self, shape: StepShape) -> float:
         if shape.num_seqs == 0:
             return 0.0
+        return self.verify_time_s(shape, first=True) + self.draft_time_s(shape)
+
+    def verify_time_s(self, shape: StepShape, first: bool) -> float:
+        """The target's forward over the shape: the step's first pass carries the step's fixed and
+        per-sequence overheads, a further frontier pass one forward's launch (`draft_overhead_s`)."""
         hw = self.hardware
         t = self.forward_s(self.model, shape.num_tokens, shape.num_logit_rows, shape.context_tokens,
                            shape.attention_pairs)
-        t += hw.step_overhead_s + hw.seq_overhead_s * shape.num_seqs
-        if self.draft is not None:
-            t += self.draft_time_s(shape)
-        return t
+        return t + (hw.step_overhead_s + hw.seq_overhead_s * shape.num_seqs if first else hw.draft_overhead_s)
 
-    def draft_time_s(self, shape: StepShape) -> float:
-        """Draft forwards: one over the step's prefill tokens, then one per draft position."""
-        d, hw = self.draft, self.hardware
-        t = 0.0
+    def _draft_forwards(self, shape: StepShape) -> list[tuple[int, int, int, int]]:
+        """(tokens, rows, context, pairs) of each draft forward: one over the step's prefill tokens,
+        then one per draft position."""
+        out = []
         if shape.num_prefill_tokens:
-            t += self.forward_s(d, shape.num_prefill_tokens, 0, shape.num_prefill_tokens,
-                                shape.num_prefill_tokens ** 2 // 2) + hw.draft_overhead_s
+            n = shape.num_prefill_tokens
+            out.append((n, 0, n, n ** 2 // 2))
         first = shape.draft_rows[0] if shape.draft_rows else 0
         for rows in shape.draft_rows:
             ctx = shape.draft_context_tokens * rows // first
-            t += self.forward_s(d, rows, rows, ctx, ctx) + hw.draft_overhead_s
-        return t
+            out.append((rows, rows, ctx, ctx))
+        return out
+
+    def draft_time_s(self, shape: StepShape) -> float:
+        """Draft-model forwards (none without a draft model), each with its launch overhead."""
+        if self.draft is None:
+            return 0.0
+        return sum(self.forward_s(self.draft, *f) + self.hardware.draft_overhead_s
+                   for f in self._draft_forwards(shape))
+
+    def concurrent_time_s(self, verify: StepShape, first: bool, draft: StepShape) -> float:
+        """A verification pass and drafting at once on disjoint compute (FASER's SM partitions): no
+        faster than either alone, and no faster than their FLOPs and bytes together allow, since
+        they share the machine's FLOP/s and memory bandwidth."""
+        t_v, t_d = self.verify_time_s(verify, first), self.draft_time_s(draft)
+        if t_d == 0.0:
+            return t_v
+        flops, nbytes = self._work(self.model, verify.num_tokens, verify.num_logit_rows, verify.context_tokens,
+                                   verify.attention_pairs)
+        for f in self._draft_forwards(draft):
+            fl, nb = self._work(self.draft, *f)
+            flops, nbytes = flops + fl, nbytes + nb
+        return max(t_v, t_d, flops / self._flops, nbytes / self._bandwidth)
 
     def swap_time_s(self, num_blocks: int) -> float:
         if num_blocks <= 0:

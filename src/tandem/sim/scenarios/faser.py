@@ -10,7 +10,9 @@ length. Two measurements per policy:
   between the 10th and 90th percentile finish times) in requests/s and output tokens/s;
 - latency: a diurnal day (raised-cosine rate, peak/valley 35x) whose peak is `peak_load` x the
   no-SD capacity: mean and p99 E2E latency, mean TPOT, p99 TTFT, and latency by time of day.
-The headline compares adaptive with the best baseline on each figure.
+The headline compares adaptive with the best baseline on each figure. An ablation (`ABLATION`)
+runs the same two measurements with verification in frontiers of 4 drafts, alone and with the next
+frontier's drafting overlapped, on top of adaptive and of fixed k = 8.
 """
 
 from __future__ import annotations
@@ -31,14 +33,25 @@ from tandem.sim.workload import WorkloadSpec, build_workload
 MAX_K = 8
 
 
-def _spec(policy: str, k: int = MAX_K) -> SpecConfig:
-    return SpecConfig(method="draft", draft_model="qwen3-0.6b", policy=policy, max_draft_tokens=k)
+FRONTIER = 4
+
+
+def _spec(policy: str, k: int = MAX_K, frontier_size: int = 0, overlap: bool = False) -> SpecConfig:
+    return SpecConfig(method="draft", draft_model="qwen3-0.6b", policy=policy, max_draft_tokens=k,
+                      frontier_size=frontier_size, overlap=overlap)
 
 
 RUNS = (RunSpec("no-sd"), RunSpec("fixed-2", spec=_spec("fixed", 2)),
         RunSpec("fixed-4", spec=_spec("fixed", 4)), RunSpec("fixed-8", spec=_spec("fixed", 8)),
         RunSpec("bs-table", spec=_spec("table")),
         RunSpec("survival", spec=_spec("survival")), RunSpec("adaptive", spec=_spec("adaptive")))
+# FASER's verification frontiers (early pruning) and drafting overlapped with them, on top of the
+# adaptive length and of fixed k = 8 (where there is most to prune): reported apart from the
+# comparison with the baselines.
+ABLATION = (RunSpec("adaptive+frontiers", spec=_spec("adaptive", frontier_size=FRONTIER)),
+            RunSpec("adaptive+frontiers+overlap", spec=_spec("adaptive", frontier_size=FRONTIER, overlap=True)),
+            RunSpec("fixed-8+frontiers", spec=_spec("fixed", 8, frontier_size=FRONTIER)),
+            RunSpec("fixed-8+frontiers+overlap", spec=_spec("fixed", 8, frontier_size=FRONTIER, overlap=True)))
 
 
 @dataclass
@@ -53,6 +66,7 @@ class FaserOptions:
     peak_load: float = 1.0               # diurnal peak rate / no-SD saturation capacity
     seed: int = 0
     num_bins: int = 24                   # latency by time of day: one bin per "hour"
+    ablation: bool = True                # also run ABLATION (frontiers, overlap)
 
 
 def timeline(records: list[RequestRecord], period_s: float, bins: int) -> dict[str, Any]:
@@ -86,8 +100,9 @@ def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
     sat_wl = WorkloadSpec(dataset="synthetic", arrival="poisson", num_requests=opts.saturation_requests)
     sat_reqs = build_workload(sat_wl, opts.seed)
     mean_out = sum(r.output_tokens for r in sat_reqs) / len(sat_reqs)
+    runs = RUNS + (ABLATION if opts.ablation else ())
     capacity = {}
-    for run in RUNS:
+    for run in runs:
         cost = spec if run.spec else plain
         capacity[run.label] = saturation_capacity(cost, run_config(base, run), sat_reqs)
         c = capacity[run.label]
@@ -100,7 +115,7 @@ def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
     log(f"  diurnal day: {opts.num_requests} requests over {period:.0f} s, mean {mean_rate:.2f} req/s, "
         f"peak {peak:.2f} req/s, valley {peak / opts.peak_valley_ratio:.3f} req/s")
     rows = []
-    for run in RUNS:
+    for run in runs:
         cost = spec if run.spec else plain
         row = run_one(cost, base, run, wl, None, opts.seed, None,
                       extra=lambda recs: timeline(recs, period, opts.num_bins))
@@ -111,9 +126,10 @@ def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
             f"TPOT {s['tpot_s']['mean'] * 1e3:5.1f} ms  TTFT p99 {s['ttft_s']['p99']:6.2f} s  "
             f"({row['sim']['wall_s']:.1f} s)")
         rows.append(row)
+    main, ablation = rows[:len(RUNS)], rows[len(RUNS):]
     return {"scenario": "faser", "options": dict(opts.__dict__), "description": spec.deployment().description,
-            "diurnal": {"mean_rate": mean_rate, "peak_rate": peak, "period_s": period}, "rows": rows,
-            "headline": headline(rows)}
+            "diurnal": {"mean_rate": mean_rate, "peak_rate": peak, "period_s": period}, "rows": main,
+            "ablation": ablation, "frontier_size": FRONTIER, "headline": headline(main)}
 
 
 def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
