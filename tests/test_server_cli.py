@@ -41,10 +41,12 @@ def test_serve_defaults():
 
 def test_serve_speculation_flags():
     a = build_parser().parse_args(["serve", "--speculative", "layerskip", "--num-draft-layers", "8",
-                                   "--frontier-size", "2", "--overlap", "--draft-threads", "1"])
+                                   "--frontier-size", "2", "--overlap", "--draft-threads", "1",
+                                   "--adaptive-frontiers"])
     cfg = _spec_config(a)
-    assert (cfg.method, cfg.num_draft_layers, cfg.frontier_size, cfg.overlap, cfg.draft_threads) == \
-        ("layerskip", 8, 2, True, 1)
+    assert (cfg.method, cfg.num_draft_layers, cfg.frontier_size, cfg.overlap, cfg.draft_threads,
+            cfg.adaptive_frontiers) == ("layerskip", 8, 2, True, 1, True)
+    assert not _spec_config(build_parser().parse_args(["serve", "--speculative", "ngram"])).adaptive_frontiers
     with pytest.raises(ConfigError, match="frontier_size"):
         _spec_config(build_parser().parse_args(["serve", "--speculative", "layerskip", "--overlap"]))
     with pytest.raises(ConfigError, match="model drafter"):

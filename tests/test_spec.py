@@ -4,6 +4,8 @@ mixed draft lengths and preemption; sampling keeps the target's distribution (ch
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -90,7 +92,7 @@ def test_spec_metrics_on_outputs(tiny_loopy):
     dict(method="medusa"), dict(max_draft_tokens=0), dict(max_draft_tokens=-2), dict(policy="sometimes"),
     dict(method="draft"), dict(ngram_min=3, ngram_max=2), dict(num_draft_layers=0),
     dict(method="ngram", overlap=True, frontier_size=2), dict(method="layerskip", overlap=True),
-    dict(method="layerskip", overlap=True, frontier_size=2, draft_threads=0),
+    dict(method="layerskip", overlap=True, frontier_size=2, draft_threads=0), dict(adaptive_frontiers=True),
 ])
 def test_invalid_spec_config(bad):
     with pytest.raises(ConfigError):
@@ -210,6 +212,31 @@ def test_early_pruning_is_lossless(tiny_loopy, reference, spec):
     assert stats.num_accepted_tokens > 0
     assert stats.num_pruned_tokens > 0               # some rows were never computed
     kv = llm.engine.scheduler.kv
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_frontiers_chosen_per_step_are_honoured_and_lossless(tiny_loopy, reference):
+    spec = SpecConfig(method="ngram", policy="fixed", max_draft_tokens=6, frontier_size=2, adaptive_frontiers=True)
+    llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative=spec)
+    sched, decoder = llm.engine.scheduler, llm.engine.executor.spec
+    assert sched.frontiers is not None and sched.frontiers.size == 2
+    # This CPU's cost model would keep every step whole; alternate to run both kinds of step.
+    choices, seen = itertools.cycle([2, 0]), []
+    sched.frontiers.choose = lambda reqs, ks, base: next(choices)
+    real_draft = decoder.draft
+
+    def draft(plan):
+        out = real_draft(plan)
+        if out:
+            seen.append((plan.frontier_size, decoder.step_frontier))
+        return out
+
+    decoder.draft = draft
+    outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    assert {s for s, _ in seen} == {0, 2} and all(a == b for a, b in seen)
+    assert sched.spec_stats.num_pruned_tokens > 0           # only the split steps prune
+    kv = sched.kv
     assert kv.num_free_blocks == kv.num_blocks
 
 

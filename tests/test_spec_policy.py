@@ -150,3 +150,42 @@ def test_untried_deeper_positions_inherit_the_requests_own_acceptance():
     for _ in range(20):
         policy.observe_request(reqs(1)[0], num_drafted=4, num_accepted=4)
     assert policy.choose(reqs(1), [8], num_base_tokens=1) == [8]
+
+
+def saturated_gpu_cost() -> StepCostModel:
+    """A big batch on a GPU: a forward costs 10 ms plus 0.1 ms per token (compute-bound)."""
+    return StepCostModel(profile=[(n, 0.010 + 0.0001 * n) for n in (1, 16, 64, 256, 1024, 2048, 4096)])
+
+
+def test_frontiers_chosen_only_where_pruning_pays():
+    from tandem.sched.spec_length import frontier_pays
+
+    rejecting = [[0.3] * 8] * 256          # drafts past the first few are almost never accepted
+    accepting = [[0.98] * 8] * 256
+    ks = [8] * 256
+    # Compute-bound and most drafts rejected: frontiers of 2 skip most of the 8 x 256 draft rows.
+    assert frontier_pays(rejecting, ks, 2, 256, saturated_gpu_cost())
+    # Nothing to prune: every pass is paid and no rows are saved.
+    assert not frontier_pays(accepting, ks, 2, 256, saturated_gpu_cost())
+    # Weight-streaming-bound (flat cost): an extra pass costs a whole step, pruned rows almost nothing.
+    assert not frontier_pays(rejecting[:4], [8] * 4, 2, 4, flat_cost())
+    # Drafts no longer than one frontier: one pass either way.
+    assert not frontier_pays(rejecting, [2] * 256, 2, 256, saturated_gpu_cost())
+
+
+def test_frontier_chooser_learns_acceptance_and_forgets_finished_requests():
+    from tandem.sched.spec_length import FrontierChooser
+
+    chooser = FrontierChooser(2, 8, saturated_gpu_cost())
+    rs = reqs(256)
+    for r in rs:
+        for _ in range(20):
+            chooser.observe_request(r, 8, 8)                 # every draft accepted: nothing to prune
+    assert chooser.choose(rs, [8] * 256, 256) == 0
+    for r in rs:
+        for _ in range(20):
+            chooser.observe_request(r, 8, 0)                 # now every first draft is rejected
+    assert chooser.choose(rs, [8] * 256, 256) == 2
+    assert (chooser.num_split, chooser.num_whole) == (1, 1)
+    chooser.forget(rs[0].request_id)
+    assert rs[0].request_id not in chooser.acceptance._acc

@@ -41,6 +41,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     sd.add_argument("--num-draft-layers", type=int, default=None, help="layers of the target used by layerskip")
     sd.add_argument("--frontier-size", type=int, default=0, help="verify drafts in chunks of this many (0: off)")
     sd.add_argument("--early-exit-layer", type=int, default=None, help="prune predicted-rejected drafts here")
+    sd.add_argument("--adaptive-frontiers", action="store_true",
+                    help="the scheduler chooses, each step, frontiers of --frontier-size or one pass")
     sd.add_argument("--overlap", action="store_true",
                     help="draft frontier f+1 on another thread while frontier f is verified (needs --frontier-size)")
     sd.add_argument("--draft-threads", type=int, default=1, help="CPU threads the overlapped drafter gets")
@@ -77,7 +79,8 @@ def _spec_config(a: argparse.Namespace):
     return SpecConfig(method=a.speculative, policy=a.spec_policy, max_draft_tokens=a.max_draft_tokens,
                       draft_model=a.draft_model, num_draft_layers=a.num_draft_layers,
                       frontier_size=a.frontier_size, early_exit_layer=a.early_exit_layer,
-                      overlap=a.overlap, draft_threads=a.draft_threads)
+                      overlap=a.overlap, draft_threads=a.draft_threads,
+                      adaptive_frontiers=a.adaptive_frontiers)
 
 
 def _make_llm(a: argparse.Namespace, **overrides):

@@ -92,6 +92,7 @@ class SpecConfig:
     num_draft_layers: int | None = None  # method="layerskip": the target's first L layers (default: 1/4)
     length_table: tuple[tuple[int, int], ...] = ((1, 8), (2, 6), (4, 4), (8, 3), (16, 2), (32, 1))
     frontier_size: int = 0              # verify drafts in chunks of this many (0: all at once)
+    adaptive_frontiers: bool = False    # the scheduler picks, per step, frontiers of frontier_size or one pass
     early_exit_layer: int | None = None  # layer at which predicted-rejected draft suffixes are dropped
     early_exit_topk: int = 8            # the check: is the draft token among the top-k at that layer?
     overlap: bool = False               # draft frontier f+1 while frontier f is verified (model drafters)
@@ -121,6 +122,9 @@ class SpecConfig:
         if self.overlap and self.method == "ngram":
             raise ConfigError("overlap needs a model drafter (method 'draft' or 'layerskip'): "
                               "n-gram drafting is a table lookup, there is no drafting compute to overlap")
+        if self.adaptive_frontiers and self.frontier_size < 1:
+            raise ConfigError("adaptive_frontiers chooses per step between frontiers of frontier_size and "
+                              "one pass: set frontier_size >= 1")
         if self.overlap and self.frontier_size < 1:
             raise ConfigError("overlap drafts frontier f+1 while frontier f is verified: set frontier_size >= 1")
         if any(b < 1 or k < 0 for b, k in self.length_table):

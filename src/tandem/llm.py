@@ -30,7 +30,7 @@ from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
 from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
 from tandem.tools.registry import ToolRegistry
-from tandem.spec.factory import make_length_policy, make_spec_decoder
+from tandem.spec.factory import make_frontier_chooser, make_length_policy, make_spec_decoder
 
 log = logging.getLogger("tandem")
 
@@ -57,7 +57,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)
     runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed, num_host_blocks=num_host)
     cost = StepCostModel()
-    policy = None
+    policy = frontiers = None
     if spec_cfg is not None:
         def load_draft(path: str):
             ddir = resolve_model(path, progress)
@@ -65,6 +65,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
 
         runner.spec = make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft)
         policy = make_length_policy(spec_cfg, cost)
+        frontiers = make_frontier_chooser(spec_cfg, cost)
     log.info("model %s: %s on %s, %d KV blocks of %d tokens, context %d, speculation %s", model_dir.name, dtype,
              device, num_blocks, cache_cfg.block_size, max_len, spec_cfg)
     # Seconds per token to copy KV to host and back (the min-waste rule's swap cost): per-token bytes
@@ -73,7 +74,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     sched_policy = make_policy(sched_cfg.policy, sched_cfg.max_num_batched_tokens, cost, swap_s_per_token=swap_s)
     scheduler = Scheduler(sched_cfg, kv, sched_policy, spec_policy=policy,
                           max_draft_tokens=spec_cfg.max_draft_tokens if spec_cfg else 0, cost=cost,
-                          swap_s_per_token=swap_s)
+                          swap_s_per_token=swap_s, frontiers=frontiers)
     runtime = ToolRuntime(tools, tokenizer) if tools is not None else None
     return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime)
 

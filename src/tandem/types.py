@@ -212,6 +212,9 @@ class StepPlan:
     preempted_ids: list[str] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)   # (device block, host block) copies
     swap_in: list[tuple[int, int]] = field(default_factory=list)    # (host block, device block) copies
+    # Verification frontier the scheduler chose for this step's drafts (SpecConfig.adaptive_frontiers):
+    # 0 one pass, F > 0 passes of F drafts; None leaves it to the executor's configured frontier_size.
+    frontier_size: int | None = None
 
     @property
     def num_tokens(self) -> int:

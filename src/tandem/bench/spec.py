@@ -11,6 +11,7 @@ length, draft-length histogram; plus a per-kind run at concurrency 1 and a PNG p
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from pathlib import Path
@@ -20,7 +21,7 @@ from tandem.bench.common import machine_info, median, percentile, write_json
 from tandem.config import SpecConfig
 from tandem.sampling_params import SamplingParams
 from tandem.spec.drafter import ModelDrafter
-from tandem.spec.factory import make_length_policy
+from tandem.spec.factory import make_frontier_chooser, make_length_policy
 from tandem.workload.prompts import load_prompt_set
 
 POLICIES = {
@@ -33,15 +34,18 @@ POLICIES = {
     "adaptive": SpecConfig(policy="adaptive", max_draft_tokens=8),
 }
 # The ablation variants: a base policy plus (frontier size, middle-layer early exit, overlapped
-# drafting). Frontiers of 4 rows; the early exit at the target's middle layer; overlap drafts
-# frontier f+1 on a second thread while frontier f is verified (model drafters only). All lossless.
+# drafting, frontiers chosen per step). Frontiers of 4 rows; the early exit at the target's middle
+# layer; overlap drafts frontier f+1 on a second thread while frontier f is verified (model
+# drafters only); "auto" lets the scheduler pick frontiers or one pass each step. All lossless.
 VARIANTS = {
-    "adaptive+frontiers": ("adaptive", 4, False, False),
-    "adaptive+early-exit": ("adaptive", 0, True, False),
-    "adaptive+both": ("adaptive", 4, True, False),
-    "adaptive+overlap": ("adaptive", 4, False, True),
-    "fixed-8+frontiers": ("fixed-8", 4, False, False),
-    "fixed-8+overlap": ("fixed-8", 4, False, True),
+    "adaptive+frontiers": ("adaptive", 4, False, False, False),
+    "adaptive+auto-frontiers": ("adaptive", 4, False, False, True),
+    "adaptive+early-exit": ("adaptive", 0, True, False, False),
+    "adaptive+both": ("adaptive", 4, True, False, False),
+    "adaptive+overlap": ("adaptive", 4, False, True, False),
+    "fixed-8+frontiers": ("fixed-8", 4, False, False, False),
+    "fixed-8+auto-frontiers": ("fixed-8", 4, False, False, True),
+    "fixed-8+overlap": ("fixed-8", 4, False, True, False),
 }
 POLICIES.update({name: POLICIES[base] for name, (base, *_) in VARIANTS.items()})
 
@@ -57,9 +61,11 @@ def use_policy(llm, name: str) -> None:
     sched.spec_policy = make_length_policy(cfg, sched.cost)
     sched.max_draft_tokens = 0 if cfg.policy == "none" else cfg.max_draft_tokens
     sched.spec_stats = type(sched.spec_stats)()
+    _, frontier, early_exit, overlap, auto = VARIANTS.get(name, (name, 0, False, False, False))
+    sched.frontiers = make_frontier_chooser(dataclasses.replace(cfg, frontier_size=frontier, adaptive_frontiers=True),
+                                            sched.cost) if auto else None
     decoder = llm.engine.executor.spec
     if decoder is not None:
-        _, frontier, early_exit, overlap = VARIANTS.get(name, (name, 0, False, False))
         decoder.frontier_size = frontier
         model = llm.engine.executor.model
         decoder.early_exit = EarlyExit(model, model.cfg.num_layers // 2, 8) if early_exit else None

@@ -28,7 +28,7 @@ from tandem.sched.ordering import tool_key
 from tandem.sched.pauses import PauseBook
 from tandem.sched.policies import SchedulingPolicy, make_policy
 from tandem.sched.preemption import choose_victim
-from tandem.sched.spec_length import DraftLengthPolicy
+from tandem.sched.spec_length import DraftLengthPolicy, FrontierChooser
 from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SeqUpdate, SpecStats,
                           StepPlan, StepResult)
 
@@ -36,7 +36,8 @@ from tandem.types import (FinishReason, KVAction, Request, RequestStatus, Schedu
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
                  spec_policy: DraftLengthPolicy | None = None, max_draft_tokens: int = 0,
-                 cost: StepCostModel | None = None, swap_s_per_token: float = 5e-6) -> None:
+                 cost: StepCostModel | None = None, swap_s_per_token: float = 5e-6,
+                 frontiers: FrontierChooser | None = None) -> None:
         if config.max_model_len > kv.num_blocks * kv.block_size:
             raise ConfigError(f"max_model_len {config.max_model_len} exceeds the KV cache "
                               f"({kv.num_blocks * kv.block_size} tokens): a long request could never run")
@@ -50,6 +51,7 @@ class Scheduler:
         self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
         self.spec_policy = spec_policy
         self.max_draft_tokens = max_draft_tokens if spec_policy is not None else 0
+        self.frontiers = frontiers if spec_policy is not None else None   # per-step frontier choice
         self._step_started: float | None = None
         self.spec_stats = SpecStats()          # engine-wide speculation counters
         self.requests: dict[str, Request] = {}
@@ -95,6 +97,8 @@ class Scheduler:
         del self.requests[request.request_id]
         if self.spec_policy is not None:
             self.spec_policy.forget(request.request_id)
+        if self.frontiers is not None:
+            self.frontiers.forget(request.request_id)
 
     @property
     def num_waiting(self) -> int:
@@ -168,7 +172,9 @@ class Scheduler:
             return budget
         reqs = [self.requests[s.request_id] for s in seqs]
         limits = [self._draft_limit(r) for r in reqs]
-        lengths = self.spec_policy.choose(reqs, limits, plan.num_tokens)
+        base = plan.num_tokens
+        lengths = self.spec_policy.choose(reqs, limits, base)
+        drafting: list[tuple[Request, int]] = []
         for seq, req, k in zip(seqs, reqs, lengths):
             k = min(k, budget)
             if k > 0 and not self.kv.can_allocate(req, k):
@@ -180,8 +186,11 @@ class Scheduler:
                 seq.block_ids = self.kv.block_ids(req.request_id)
                 self.num_scheduled_tokens += k
                 budget -= k
+                drafting.append((req, k))
             req.spec.chosen_lengths[k] = req.spec.chosen_lengths.get(k, 0) + 1
             self.spec_stats.chosen_lengths[k] = self.spec_stats.chosen_lengths.get(k, 0) + 1
+        if self.frontiers is not None and drafting:
+            plan.frontier_size = self.frontiers.choose([r for r, _ in drafting], [k for _, k in drafting], base)
         return budget
 
     def _draft_limit(self, r: Request) -> int:
@@ -323,13 +332,15 @@ class Scheduler:
         request.spec.record(drafted, accepted, pruned)
         self.spec_stats.record(drafted, accepted, pruned)
         self.spec_policy.observe_request(request, drafted, accepted)
+        if self.frontiers is not None:
+            self.frontiers.observe_request(request, drafted, accepted)
 
     def _observe_step(self, plan: StepPlan, result: StepResult, now: float) -> None:
         for rid, n in result.draft_available.items():
             if rid in self.requests:
                 self.requests[rid].draft_available = n
-        if self._step_started is None:
-            return
+        if self._step_started is None or plan.frontier_size:
+            return      # (a step verified in frontiers took extra passes its token count does not show)
         unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
         depth = max(result.num_draft_tokens.values(), default=0)
         self.cost.observe(plan.num_tokens - unused, now - self._step_started, depth)

@@ -17,7 +17,7 @@ from tandem.kv import KVCacheManager
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.spec_length import make_length_policy
+from tandem.sched.spec_length import make_frontier_chooser, make_length_policy
 from tandem.sim.cost.base import CostModel, Deployment, StepShape
 
 TOOL_TIME_HINTS = ("oracle", "predicted")
@@ -74,5 +74,7 @@ def build_scheduler(cfg: SimConfig, cost: CostModel, deployment: Deployment | No
     policy = make_policy(cfg.scheduler.policy, cfg.scheduler.max_num_batched_tokens, step_cost,
                          swap_s_per_token=dep.swap_s_per_token)
     spec_policy = make_length_policy(cfg.spec, step_cost) if cfg.spec is not None else None
+    frontiers = make_frontier_chooser(cfg.spec, step_cost) if cfg.spec is not None else None
     return Scheduler(cfg.scheduler, kv, policy, spec_policy=spec_policy,
-                     max_draft_tokens=cfg.spec.max_draft_tokens if cfg.spec else 0, cost=step_cost)
+                     max_draft_tokens=cfg.spec.max_draft_tokens if cfg.spec else 0, cost=step_cost,
+                     frontiers=frontiers)

@@ -9,7 +9,8 @@ probability base * decay^(m-1), the request's base acceptance drawn per workload
 then adds one token, so k drafts give `accepted + 1` tokens. Each request draws from its own
 seeded RNG, so outcomes do not depend on what else is batched with it. No torch, no clock.
 
-With `frontier_size` F > 0 (FASER's early pruning), verification runs in passes of F drafts and a
+With `frontier_size` F > 0 (FASER's early pruning; or the plan's own `frontier_size`, when the
+scheduler chooses per step), verification runs in passes of F drafts and a
 rejection in one frontier cancels the later ones (their drafts count as pruned): the step costs
 its drafting plus one target forward per pass (`frontier_step`). With `overlap`, frontier f + 1
 is drafted while pass f runs (`CostModel.concurrent_time_s`), so the step is frontier 0's
@@ -73,8 +74,9 @@ class SimExecutor:
                 result.num_accepted_tokens[s.request_id] = accepted
             result.sampled_token_ids[s.request_id] = [FILL_TOKEN] * (accepted + 1)
         shape = shape_of(plan)
-        if self.frontier_size and result.num_draft_tokens:
-            compute = self._frontier_time_s(plan, result)
+        size = self.frontier_size if plan.frontier_size is None else plan.frontier_size
+        if size and result.num_draft_tokens:
+            compute = self._frontier_time_s(plan, result, size)
         else:
             compute = self.cost.step_time_s(shape)
         duration = compute + self.cost.swap_time_s(shape.num_swap_blocks)
@@ -82,9 +84,9 @@ class SimExecutor:
         self.busy_s += duration
         return result, duration
 
-    def _frontier_time_s(self, plan: StepPlan, result: StepResult) -> float:
-        """Seconds of a step verified in frontiers; records each request's pruned drafts."""
-        size, cost = self.frontier_size, self.cost
+    def _frontier_time_s(self, plan: StepPlan, result: StepResult, size: int) -> float:
+        """Seconds of a step verified in frontiers of `size`; records each request's pruned drafts."""
+        cost = self.cost
         accepted = result.num_accepted_tokens
         for rid, k in result.num_draft_tokens.items():
             verified = min(k, (accepted[rid] // size + 1) * size)

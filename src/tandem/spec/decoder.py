@@ -32,19 +32,23 @@ class SpecDecoder:
         self.proposer = proposer
         self.sampler = sampler
         self.frontier_size = frontier_size      # verify in chunks of this many rows (0: one pass)
+        self.step_frontier = frontier_size      # this step's: the plan's choice, else frontier_size
         self.early_exit = early_exit            # a tandem.spec.pruning.EarlyExit, or None
         self.overlap = overlap                  # a tandem.spec.overlap.DraftWorker, or None
 
     @property
     def prunes(self) -> bool:
-        return bool(self.frontier_size) or self.early_exit is not None
+        return bool(self.step_frontier) or self.early_exit is not None
 
     @property
     def overlaps(self) -> bool:
         """Draft frontier by frontier, the next one while the current one is verified."""
-        return self.overlap is not None and self.frontier_size > 0 and isinstance(self.proposer, ModelDrafter)
+        return self.overlap is not None and self.step_frontier > 0 and isinstance(self.proposer, ModelDrafter)
 
     def draft(self, plan: StepPlan) -> dict[str, Draft]:
+        """Drafts for the step's drafting requests (the first frontier only when overlapping); also
+        fixes the step's frontier size (`step_frontier`) that `prunes` and `overlaps` read."""
+        self.step_frontier = self.frontier_size if plan.frontier_size is None else plan.frontier_size
         seqs = [s for s in plan.seqs if s.num_draft_tokens > 0]
         for rid in plan.preempted_ids:
             self.proposer.release(rid)
@@ -55,7 +59,7 @@ class SpecDecoder:
                     for s in seqs}
         ks = [s.num_draft_tokens for s in seqs]
         if self.overlaps:                       # the first frontier now, the rest during verification
-            ks = [min(k, self.frontier_size) for k in ks]
+            ks = [min(k, self.step_frontier) for k in ks]
         return self.proposer.propose(seqs, ks)
 
     @staticmethod

@@ -26,7 +26,7 @@ def execute_with_pruning(runner, plan: StepPlan, drafts: dict[str, Draft]) -> St
             for s in plan.seqs if s.request_id in drafts and drafts[s.request_id].tokens}
     first = {rid: 0 for rid in rows}
     lps: dict[str, list] = {rid: [] for rid in rows}
-    width = spec.frontier_size or max((len(r.tokens) for r in rows.values()), default=1)
+    width = spec.step_frontier or max((len(r.tokens) for r in rows.values()), default=1)
     cancelled: set[str] = set()          # requests whose drafting in flight is void (read by the worker)
     pass_no = 0
     while True:
@@ -110,7 +110,7 @@ def _one_pass(runner, seqs, active, first, drafts, result: StepResult, lps, canc
         if lp:
             lps[s.request_id] += lp
         all_drafts = num_accepted(out, drafts[s.request_id].tokens[a:a + n]) == len(out)
-        planned = min(a + (spec.frontier_size or len(rs.tokens)), len(rs.tokens)) - a
+        planned = min(a + (spec.step_frontier or len(rs.tokens)), len(rs.tokens)) - a
         first[s.request_id] = a + n
         if n < planned and all_drafts and ee is not None:
             ee.num_wrong_predictions += 1             # the draft predicted rejected was accepted

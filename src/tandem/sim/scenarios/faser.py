@@ -11,8 +11,9 @@ length. Two measurements per policy:
 - latency: a diurnal day (raised-cosine rate, peak/valley 35x) whose peak is `peak_load` x the
   no-SD capacity: mean and p99 E2E latency, mean TPOT, p99 TTFT, and latency by time of day.
 The headline compares adaptive with the best baseline on each figure. An ablation (`ABLATION`)
-runs the same two measurements with verification in frontiers of 4 drafts, alone and with the next
-frontier's drafting overlapped, on top of adaptive and of fixed k = 8.
+runs the same two measurements with verification in frontiers of 4 drafts, alone, with the next
+frontier's drafting overlapped, and with both chosen per step by the scheduler, on top of adaptive
+and of fixed k = 8.
 """
 
 from __future__ import annotations
@@ -36,22 +37,24 @@ MAX_K = 8
 FRONTIER = 4
 
 
-def _spec(policy: str, k: int = MAX_K, frontier_size: int = 0, overlap: bool = False) -> SpecConfig:
+def _spec(policy: str, k: int = MAX_K, frontier_size: int = 0, overlap: bool = False, auto: bool = False) -> SpecConfig:
     return SpecConfig(method="draft", draft_model="qwen3-0.6b", policy=policy, max_draft_tokens=k,
-                      frontier_size=frontier_size, overlap=overlap)
+                      frontier_size=frontier_size, overlap=overlap, adaptive_frontiers=auto)
 
 
 RUNS = (RunSpec("no-sd"), RunSpec("fixed-2", spec=_spec("fixed", 2)),
         RunSpec("fixed-4", spec=_spec("fixed", 4)), RunSpec("fixed-8", spec=_spec("fixed", 8)),
         RunSpec("bs-table", spec=_spec("table")),
         RunSpec("survival", spec=_spec("survival")), RunSpec("adaptive", spec=_spec("adaptive")))
-# FASER's verification frontiers (early pruning) and drafting overlapped with them, on top of the
-# adaptive length and of fixed k = 8 (where there is most to prune): reported apart from the
+# FASER's verification frontiers (early pruning) and drafting overlapped with them, always or
+# chosen per step by the scheduler ("auto": where its cost model expects them to pay), on top of
+# the adaptive length and of fixed k = 8 (where there is most to prune): reported apart from the
 # comparison with the baselines.
-ABLATION = (RunSpec("adaptive+frontiers", spec=_spec("adaptive", frontier_size=FRONTIER)),
-            RunSpec("adaptive+frontiers+overlap", spec=_spec("adaptive", frontier_size=FRONTIER, overlap=True)),
-            RunSpec("fixed-8+frontiers", spec=_spec("fixed", 8, frontier_size=FRONTIER)),
-            RunSpec("fixed-8+frontiers+overlap", spec=_spec("fixed", 8, frontier_size=FRONTIER, overlap=True)))
+ABLATION = tuple(
+    RunSpec(f"{label}+{'auto-' if auto else ''}frontiers{'+overlap' if overlap else ''}",
+            spec=_spec(policy, frontier_size=FRONTIER, overlap=overlap, auto=auto))
+    for label, policy in (("adaptive", "adaptive"), ("fixed-8", "fixed"))
+    for overlap, auto in ((False, False), (True, False), (True, True)))
 
 
 @dataclass
