@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Re-measure every engine figure in docs/benchmarks.md on this machine. Run it on a quiet machine
 # (nothing else running: on 2 cores a second process halves every figure). About 2 hours.
-# Pieces: offline profile spec spec-repeats ablation overlap augmented augmented-overload augmented-tight serve
+# Pieces: offline profile spec spec-repeats spec-kinds ablation auto-frontiers overlap augmented augmented-overload augmented-tight serve
 # (scripts/run_benchmarks.sh PIECE...; default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 OUT=docs/results
 mkdir -p "$OUT" docs/img
-PIECES=${*:-offline profile spec spec-repeats ablation overlap augmented augmented-overload augmented-tight serve}
+PIECES=${*:-offline profile spec spec-repeats spec-kinds ablation auto-frontiers overlap augmented augmented-overload augmented-tight serve}
 
 for piece in $PIECES; do
 case $piece in
@@ -23,9 +23,15 @@ spec)     # Issue 3: FASER policies across load (n-gram drafts), and per prompt 
 spec-repeats) # Issue 3: the claims that single runs are too noisy for, with 3 interleaved repeats.
   $BIN/tandem bench spec --concurrency 64 --requests-per-point 8 --requests-per-slot 2 --policies no-sd,adaptive \
     --repeats 3 --kinds chat --kind-requests 4 --json $OUT/spec_repeats.json ;;
+spec-kinds) # Issue 3: per prompt kind at concurrency 1, all 4 prompts of a kind, 3 interleaved repeats.
+  $BIN/tandem bench spec --concurrency 1 --requests-per-point 2 --policies fixed-8,adaptive,no-sd \
+    --kinds code,chat --kind-requests 4 --repeats 3 --json $OUT/spec_kinds_repeats.json ;;
 ablation) # Issue 3: early pruning (frontiers, intermediate-layer early exit) on top of adaptive.
   $BIN/tandem bench spec --concurrency 1,8 --policies no-sd,adaptive,adaptive+frontiers,adaptive+early-exit \
     --repeats 2 --requests-per-point 8 --kinds "" --json $OUT/spec_ablation.json ;;
+auto-frontiers) # Issue 3: frontiers chosen per step by the scheduler, against never and always.
+  $BIN/tandem bench spec --concurrency 1,8 --policies adaptive,adaptive+frontiers,adaptive+auto-frontiers,fixed-8,fixed-8+frontiers,fixed-8+auto-frontiers \
+    --repeats 3 --requests-per-point 8 --kinds "" --json $OUT/spec_auto_frontiers.json ;;
 overlap)  # Issue 3: drafting overlapped with verification, for a draft model (the target itself: all
           # accepted) and layer-skip drafts; plus the mechanism probe (concurrent vs sequential passes).
   $BIN/tandem bench spec --speculative draft --draft-model "$($BIN/python -c 'from tandem.models.fetch import fetch_default_model as f; print(f(progress=False))')" \
