@@ -9,10 +9,10 @@ probability base * decay^(m-1), the request's base acceptance drawn per workload
 then adds one token, so k drafts give `accepted + 1` tokens. Each request draws from its own
 seeded RNG, so outcomes do not depend on what else is batched with it. No torch, no clock.
 
-With `frontier_size` F > 0 (FASER's early pruning; or the plan's own `frontier_size`, when the
-scheduler chooses per step), verification runs in passes of F drafts and a
-rejection in one frontier cancels the later ones (their drafts count as pruned): the step costs
-its drafting plus one target forward per pass (`frontier_step`). With `overlap`, frontier f + 1
+With `frontier_size` F > 0 (FASER's early pruning; the plan's own `frontier_size` when the
+scheduler chooses per step), verification runs in passes of F drafts and a rejection in one
+frontier cancels the later ones (their drafts count as pruned): the step costs its drafting plus
+one target forward per pass (`frontier_step`). With `overlap`, frontier f + 1
 is drafted while pass f runs (`CostModel.concurrent_time_s`), so the step is frontier 0's
 drafting plus the overlapped passes. The middle-layer early exit is not modelled.
 """

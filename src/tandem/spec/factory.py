@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tandem.config import SpecConfig
 from tandem.errors import ConfigError
-from tandem.sched.spec_length import make_frontier_chooser, make_length_policy  # noqa: F401  (re-exported: torch-free home)
+# Re-exported: their home, tandem.sched.spec_length, is torch-free (the simulator imports it).
+from tandem.sched.spec_length import make_frontier_chooser, make_length_policy  # noqa: F401
 from tandem.spec.decoder import SpecDecoder
 from tandem.spec.drafter import ModelDrafter
 from tandem.spec.ngram import NgramProposer

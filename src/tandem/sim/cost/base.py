@@ -4,8 +4,8 @@
 KV read by attention, query-key pairs, draft rows per draft position, swapped blocks. A
 `CostModel` turns a shape into seconds (target forward + draft-model forwards; and, for
 verification in frontiers, per pass, alone or overlapped with drafting: `frontier_step`) and
-swapped blocks into transfer seconds, and states the deployment it models (KV blocks, host blocks, swap cost per
-token). Knows nothing of the event loop or of scheduling.
+swapped blocks into transfer seconds, and states the deployment it models (KV blocks, host
+blocks, swap cost per token). Knows nothing of the event loop or of scheduling.
 """
 
 from __future__ import annotations
