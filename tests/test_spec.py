@@ -215,8 +215,12 @@ def test_early_pruning_is_lossless(tiny_loopy, reference, spec):
     assert kv.num_free_blocks == kv.num_blocks
 
 
-def test_frontiers_chosen_per_step_are_honoured_and_lossless(tiny_loopy, reference):
-    spec = SpecConfig(method="ngram", policy="fixed", max_draft_tokens=6, frontier_size=2, adaptive_frontiers=True)
+@pytest.mark.parametrize("spec", [
+    SpecConfig(method="ngram", policy="fixed", max_draft_tokens=6, frontier_size=2, adaptive_frontiers=True),
+    SpecConfig(method="layerskip", policy="fixed", max_draft_tokens=5, num_draft_layers=1, frontier_size=2,
+               overlap=True, adaptive_frontiers=True),
+], ids=["ngram", "layerskip-overlap"])
+def test_frontiers_chosen_per_step_are_honoured_and_lossless(tiny_loopy, reference, spec):
     llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative=spec)
     sched, decoder = llm.engine.scheduler, llm.engine.executor.spec
     assert sched.frontiers is not None and sched.frontiers.size == 2
