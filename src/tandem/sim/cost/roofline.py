@@ -10,8 +10,8 @@ step adds a fixed overhead and a per-sequence overhead; with a separate draft mo
 position is one more (small) forward over the sequences still drafting, plus one draft forward
 over the step's prefill tokens (the draft keeps its own KV). Verification in frontiers (see
 base.FrontierStep) is one target forward per pass; a pass overlapped with drafting takes the
-longer of the two, or what their FLOPs and bytes together need of the shared machine. The whole step uses max(compute,
-memory), which slightly flatters mixed prefill+decode steps. Tensor parallelism over N GPUs is an
+longer of the two, or what their FLOPs and bytes together need of the shared machine. The whole
+step uses max(compute, memory), which slightly flatters mixed prefill+decode steps. Tensor parallelism over N GPUs is an
 aggregate machine (N x peaks x `tp_efficiency`) with two all-reduces per layer over NVLink.
 
 KV capacity: N x memory x `gpu_memory_utilization`, minus the weights (target and draft) and a
