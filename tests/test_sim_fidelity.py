@@ -54,6 +54,7 @@ def test_simulator_matches_the_engine_within_15_percent():
     requests = build_workload(WORKLOAD, seed=0)
     profile = profile_engine(engine, "SmolLM2-135M-Instruct", quick=True, log=lambda _: None)
     cost = CalibratedCost(profile)
+    at_calibration = simulate_with(profile, requests)      # the profile at face value (printed)
     raw, leveled, levels = [], [], []
     for _ in range(3):
         engine.scheduler.kv.reset_prefix_cache()       # each replay computes its prompts afresh
@@ -65,7 +66,7 @@ def test_simulator_matches_the_engine_within_15_percent():
         level = statistics.median(s["seconds"] / cost.step_time_s(shape_from_sample(s)) for s in recorder.samples)
         sim = simulate_with(profile, requests, level)
         assert sim["completed"] == len(requests)
-        raw.append(errors_of(simulate_with(profile, requests), real))
+        raw.append(errors_of(at_calibration, real))
         leveled.append(errors_of(sim, real))
         levels.append(level)
         print(f"\nreal: TTFT {real['ttft_s']['mean'] * 1e3:.0f} ms, TPOT {real['tpot_s']['mean'] * 1e3:.1f} ms, "

@@ -29,6 +29,7 @@ def test_a_rejection_cancels_the_later_frontiers():
     assert step.verify[1].context_tokens == 205
     assert step.verify[1].attention_pairs == 2 * 203 + 3
     assert step.verify[0].draft_rows == () and step.verify[0].num_logit_rows == 7
+    assert step.pruned == {"A": 4, "B": 0}                              # A's frontiers 1 and 2
     # Without overlap every slot is drafted up front: the unsplit step's drafting.
     assert step.drafts == (StepShape(draft_rows=(2,) * 6, draft_context_tokens=302),)
     assert shape_of(plan).draft_rows == step.drafts[0].draft_rows

@@ -87,11 +87,8 @@ class SimExecutor:
     def _frontier_time_s(self, plan: StepPlan, result: StepResult, size: int) -> float:
         """Seconds of a step verified in frontiers of `size`; records each request's pruned drafts."""
         cost = self.cost
-        accepted = result.num_accepted_tokens
-        for rid, k in result.num_draft_tokens.items():
-            verified = min(k, (accepted[rid] // size + 1) * size)
-            result.num_pruned_tokens[rid] = k - verified
-        step = frontier_step(plan, accepted, size, self.overlap)
+        step = frontier_step(plan, result.num_accepted_tokens, size, self.overlap)
+        result.num_pruned_tokens.update(step.pruned)
         if not self.overlap:
             return cost.draft_time_s(step.drafts[0]) + sum(
                 cost.verify_time_s(v, first=f == 0) for f, v in enumerate(step.verify))

@@ -46,8 +46,9 @@ def faser_tables(res: dict[str, Any]) -> str:
     body = table(header, [_faser_row(r) for r in res["rows"]])
     parts = [f"FASER scenario: {res['description']}", body] + vs + [tail]
     if res.get("ablation"):
+        bases = [r for r in res["rows"] if r["label"] in ABLATION_BASES]
         rows = [_faser_row(r) + [_f(r["summary"].get("spec", {}).get("pruned_tokens"), "d")]
-                for r in res["rows"] + res["ablation"] if r["label"] in ABLATION_BASES or r in res["ablation"]]
+                for r in bases + res["ablation"]]
         parts += [f"\nablation: verification in frontiers of {res['frontier_size']} drafts (+ overlapped drafting)",
                   table(header + ["pruned"], rows)]
     return "\n".join(parts)

@@ -67,9 +67,11 @@ class FrontierStep:
     frontier 0 drafted up front and `drafts[f + 1]` is frontier f + 1, drafted while pass f runs
     for the sequences still alive when pass f starts (its outcome is not known yet); an empty
     shape where nothing is left to draft. Draft shapes carry only draft fields (and the step's
-    prefill tokens in the first, which the draft model also computes)."""
+    prefill tokens in the first, which the draft model also computes). `pruned[rid]`: drafts of a
+    request that no pass verified."""
     verify: tuple[StepShape, ...]
     drafts: tuple[StepShape, ...]
+    pruned: dict[str, int]
 
 
 def frontier_step(plan: StepPlan, accepted: dict[str, int], frontier_size: int, overlap: bool) -> FrontierStep:
@@ -99,15 +101,16 @@ def frontier_step(plan: StepPlan, accepted: dict[str, int], frontier_size: int, 
         dctx = sum(s.start + s.num_tokens + lo for s in seqs if s.num_draft_tokens > lo)
         return StepShape(num_prefill_tokens=prefill, draft_rows=rows, draft_context_tokens=dctx if rows else 0)
 
+    pruned = {s.request_id: max(0, s.num_draft_tokens - passes[s.request_id] * size) for s in drafting}
     prefill = shape_of(plan).num_prefill_tokens
     if not overlap:
         depth = max((s.num_draft_tokens for s in drafting), default=0)
-        return FrontierStep(tuple(verify), (draft(drafting, 0, depth, prefill),))
+        return FrontierStep(tuple(verify), (draft(drafting, 0, depth, prefill),), pruned)
     drafts = [draft(drafting, 0, size, prefill)]
     for f in range(len(verify)):              # frontier f + 1, drafted while pass f runs
         alive = [s for s in drafting if passes[s.request_id] > f]
         drafts.append(draft(alive, (f + 1) * size, (f + 2) * size))
-    return FrontierStep(tuple(verify), tuple(drafts))
+    return FrontierStep(tuple(verify), tuple(drafts), pruned)
 
 
 @dataclass(frozen=True)
