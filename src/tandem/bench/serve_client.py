@@ -2,7 +2,7 @@
 
 Owns the wire side of `tandem bench serve`: the request body (chat or completions, `stream: true`,
 `stream_options.include_usage`), server-sent-event parsing, and per-request timing:
-TTFT (send -> first content chunk), ITL (gaps between content chunks), E2E (send -> end of stream),
+TTFT (send -> first chunk with a choice, as vLLM times it), ITL (gaps between content chunks), E2E (send -> end of stream),
 output tokens (the usage block if the server sends one, else the number of content chunks).
 ITL is per chunk, as in vLLM's benchmark: a server that streams several tokens per chunk (speculative
 decoding) shows fewer, longer gaps; TPOT, (E2E - TTFT) / (output tokens - 1), is per token.
@@ -152,11 +152,14 @@ async def _read_events(resp: httpx.Response, res: StreamResult, start: float) ->
             res.completion_tokens = usage.get("completion_tokens")
         finished = finished or any(c.get("finish_reason") for c in chunk.get("choices") or [])
         text = chunk_text(chunk)
+        if res.ttft_s is None and chunk.get("choices"):
+            # TTFT at the first chunk with a choice, as vLLM's `bench serve` times it (a server that
+            # sent the role before prefill would look fast here, which is why Tandem's does not).
+            last = time.perf_counter()
+            res.ttft_s = last - start
         if text:
             now = time.perf_counter()
-            if res.ttft_s is None:
-                res.ttft_s = now - start
-            else:
+            if res.num_chunks:
                 res.itl_s.append(now - last)
             last = now
             res.num_chunks += 1

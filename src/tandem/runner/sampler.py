@@ -1,8 +1,10 @@
 """Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens, logprobs.
 
-Sampling uses the exponential race: argmax(p / E) with E ~ Exp(1) i.i.d. draws exactly from p.
-A request with a seed draws its E from its own generator, so its tokens do not depend on what
-else is in the batch (or on preemption: one draw per sampled token, wherever it runs).
+A step's sampled tokens are drawn together by inverse CDF: one uniform per row, the first token
+whose cumulative probability reaches it. A request with a seed takes its uniform from a hash of
+(seed, output position), so its tokens do not depend on what else is in the batch or on preemption.
+Speculative verification and model drafters draw single tokens by the exponential race
+(argmax(p / E), E ~ Exp(1)), from the request's own generator.
 Logprobs are those of the model's raw distribution (before temperature, top-k and top-p), as vLLM
 reports them by default.
 """
@@ -62,24 +64,38 @@ class Sampler:
         return torch.Generator(device=self.device).manual_seed(seed)
 
     def sample(self, logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[TokenLogprob | None]]:
-        """logits: [M, V] float32, one row per entry of `rows` -> token ids (and logprobs if asked)."""
+        """logits: [M, V] float32, one row per entry of `rows` -> token ids (and logprobs if asked).
+
+        Batched: greedy rows take the argmax; sampled rows are warped together (temperature, top-k,
+        top-p as tensor ops over the rows that ask for them) and drawn by inverse CDF with one uniform
+        per row. A seeded request's uniform is a hash of (seed, stream, output position), so its tokens
+        do not depend on the batch, on preemption or on earlier draws; others draw from the shared
+        generator."""
         raw_logprobs = None
-        if any(r.params.logprobs is not None for r in rows):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+        if lp_rows:
+            raw_logprobs = torch.log_softmax(logits.index_select(0, _index(lp_rows, logits.device)), dim=-1)
         logits = apply_min_tokens(logits, rows)
-        probs = self.processed_probs(logits, rows)                        # [M, V] or None if all greedy
         tokens = logits.argmax(dim=-1)
-        if probs is not None:
-            for i, r in enumerate(rows):
-                if not r.params.greedy:
-                    tokens[i] = self.draw(probs[i], self.generator_for(r))
+        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if sampled:
+            idx = _index(sampled, logits.device)
+            probs = batched_probs(logits.index_select(0, idx), [rows[i].params for i in sampled])
+            u = self._uniforms([rows[i] for i in sampled])
+            tokens.index_copy_(0, idx, inverse_cdf(probs, u))
         token_list = tokens.tolist()
         lps: list[TokenLogprob | None] = [None] * len(rows)
-        if raw_logprobs is not None:
-            for i, r in enumerate(rows):
-                if r.params.logprobs is not None:
-                    lps[i] = token_logprob(raw_logprobs[i], token_list[i], r.params.logprobs)
+        for j, i in enumerate(lp_rows):
+            lps[i] = token_logprob(raw_logprobs[j], token_list[i], rows[i].params.logprobs)
         return token_list, lps
+
+    def _uniforms(self, rows: list[SampleRow]) -> torch.Tensor:
+        """One uniform in (0, 1] per row: keyed by (seed, stream, position) when seeded."""
+        u = 1.0 - torch.rand(len(rows), generator=self.generator, device=self.device, dtype=torch.float64)
+        for j, r in enumerate(rows):
+            if r.params.seed is not None:
+                u[j] = keyed_uniform(r.params.seed, self.stream, r.num_output_tokens)
+        return u
 
     def processed_probs(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor | None:
         """Probabilities after temperature, top-k and top-p (rows of greedy requests are left as is)."""
@@ -96,6 +112,57 @@ class Sampler:
         """One token from `probs` [V] (exponential race)."""
         e = torch.empty_like(probs).exponential_(generator=generator)
         return int((probs / e).argmax())
+
+
+def _index(rows: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def keyed_uniform(*parts: int) -> float:
+    """A uniform in (0, 1] that depends only on the integers given (splitmix64 of their mix)."""
+    z = (_mix(*parts) + 0x9E3779B97F4A7C15) & 0xFFFF_FFFF_FFFF_FFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
+    z ^= z >> 31
+    return ((z >> 11) + 1) / float(1 << 53)
+
+
+def batched_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """[M, V] logits -> [M, V] probabilities after each row's temperature, top-k and top-p.
+
+    Same rules as `warp_probs`, as tensor ops over all rows: top-k takes one `topk` at the largest k
+    asked; top-p sorts only the rows that ask for it (a full-vocabulary sort is the costly part)."""
+    dev, vocab = logits.device, logits.shape[-1]
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
+    logits = logits / temps.unsqueeze(1)
+    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(ks):
+        k_max = max(ks)
+        top = torch.topk(logits, k_max, dim=-1).values                           # [M, k_max] descending
+        kth = top.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=dev).unsqueeze(1))
+        kth = kth.masked_fill(torch.tensor([k == 0 for k in ks], device=dev).unsqueeze(1), float("-inf"))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    p_rows = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if p_rows:
+        idx = _index(p_rows, dev)
+        sub = logits.index_select(0, idx)
+        sorted_logits, order = torch.sort(sub, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        top_p = torch.tensor([params[i].top_p for i in p_rows], dtype=sorted_probs.dtype, device=dev)
+        # Drop a token once the mass strictly before it already reaches top_p (the first always stays).
+        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p.unsqueeze(1)
+        sub = sub.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
+        logits = logits.index_copy(0, idx, sub)
+    return torch.softmax(logits, dim=-1)
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row i's token: the first whose cumulative probability reaches u[i] (u in (0, 1]) of the row's total.
+    A token of probability 0 is never chosen: the cumulative sum does not rise there."""
+    exact = torch.float64 if probs.device.type in ("cpu", "cuda") else torch.float32   # MPS has no float64
+    cdf = torch.cumsum(probs, dim=-1, dtype=exact)
+    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    return torch.searchsorted(cdf, target).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _mix(*parts: int) -> int:

@@ -158,10 +158,12 @@ async def stream_chat(state: ServerState, job: ChatJob, stream: MergedStream) ->
     parsers = [job.parser.stream() if job.parser is not None else None for _ in range(n)]
     sent = [0] * n
     finals: dict[int, RequestOutput] = {}
+    started = [False] * n
     try:
-        for i in range(n):
-            yield _chunk(job, [ChatStreamChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
         async for i, out in stream:
+            if not started[i]:      # the role goes out with the choice's first token, as vLLM sends it
+                started[i] = True
+                yield _chunk(job, [ChatStreamChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
             choice = _delta_choice(state, job, i, out, parsers[i], sent[i])
             sent[i] = len(out.outputs[0].logprobs or [])
             if choice is not None:
