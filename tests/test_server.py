@@ -5,6 +5,7 @@ a client leaving mid-stream (its KV blocks come back), and the Prometheus metric
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -240,3 +241,41 @@ def test_speculative_server_streams_the_same_text(tiny_loopy):
     finally:
         live.stop()
         engine.shutdown()
+
+
+def test_stream_sends_nothing_before_the_first_token(served):
+    """The role chunk goes out with the first generated token (vLLM's behaviour, and what every client
+    that times the first chunk measures as TTFT), not when the request is accepted."""
+    import threading
+
+    server, engine, _ = served
+    gate, entered = threading.Event(), threading.Event()
+    executor = engine.engine.executor
+    execute = executor.execute
+
+    def gated(plan):
+        entered.set()
+        gate.wait(10)
+        return execute(plan)
+
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=30) as r:
+            lines.extend((time.monotonic(), x) for x in r.iter_lines() if x.startswith("data: "))
+
+    executor.execute = gated
+    try:
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert entered.wait(10)          # the first step (prefill + first token) is held
+        time.sleep(0.3)
+        released = time.monotonic()
+        gate.set()
+        reader.join(30)
+    finally:
+        executor.execute = execute
+    assert lines and lines[0][0] >= released
+    first = json.loads(lines[0][1][len("data: "):])
+    assert first["choices"][0]["delta"]["role"] == "assistant"
