@@ -48,6 +48,23 @@ def test_top_k_one_and_tiny_top_p_are_greedy(llm):
     assert gen(llm, SamplingParams(max_tokens=12, temperature=2.0, top_p=1e-6, ignore_eos=True))[0].token_ids == greedy
 
 
+@pytest.mark.parametrize("fields", [dict(temperature=1e-300), dict(temperature=1e-38), dict(temperature=5e-6, seed=3),
+                                    dict(temperature=1.0, top_p=1e-300, seed=3), dict(temperature=1.0, top_p=1e-46),
+                                    dict(temperature=1e-300, top_p=1e-300)])
+def test_tiny_temperature_and_top_p_sample_greedily_not_nan(llm, fields):
+    """Issue 16, defect 8: below the documented thresholds sampling is greedy, not NaN (token 0)."""
+    greedy = gen(llm, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0].token_ids
+    assert gen(llm, SamplingParams(max_tokens=12, ignore_eos=True, **fields))[0].token_ids == greedy
+
+
+def test_tiny_values_are_mapped_as_documented():
+    from tandem.sampling_params import GREEDY_TEMPERATURE, MIN_TOP_P
+
+    assert SamplingParams(temperature=GREEDY_TEMPERATURE / 2).greedy
+    assert not SamplingParams(temperature=GREEDY_TEMPERATURE).greedy
+    assert SamplingParams(top_p=1e-300).top_p == MIN_TOP_P and SamplingParams(top_p=0.5).top_p == 0.5
+
+
 def test_warp_probs_top_k_and_top_p():
     logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0])
     p = warp_probs(logits, SamplingParams(temperature=1.0, top_k=2))

@@ -6,16 +6,24 @@ from dataclasses import dataclass, field
 
 from tandem.errors import InvalidRequestError
 
+GREEDY_TEMPERATURE = 1e-5       # temperatures below this sample greedily
+MIN_TOP_P = 1e-6                # smaller top_p values are raised to this
+
 
 @dataclass
 class SamplingParams:
     """How to sample one request's output.
 
-    temperature 0 means greedy. `seed` makes a sampled request reproducible regardless of what else
-    is in the batch. `min_tokens` suppresses EOS and `stop_token_ids` until that many tokens exist
-    (vLLM semantics). `stop` strings are matched on the detokenized text and removed from it.
-    `logprobs=n` returns the sampled token's log-probability and the top-n alternatives, computed
-    from the model's raw distribution (before temperature / top-k / top-p).
+    temperature 0 means greedy, and so does any temperature below GREEDY_TEMPERATURE (1e-5): at such
+    temperatures the distribution is greedy's anyway, and dividing the logits by them overflows to
+    inf and NaN (1e-300 would sample nothing but token 0); such a temperature reads back as 0.0.
+    top_p below MIN_TOP_P (1e-6) is raised to it: that keeps the most likely token only, as any
+    tiny top_p does, where a top_p under float32's smallest number would keep none. `seed` makes a
+    sampled request reproducible regardless of what else is in the batch. `min_tokens` suppresses
+    EOS and `stop_token_ids` until that many tokens exist (vLLM semantics). `stop` strings are
+    matched on the detokenized text and removed from it. `logprobs=n` returns the sampled token's
+    log-probability and the top-n alternatives, computed from the model's raw distribution (before
+    temperature / top-k / top-p).
     """
 
     max_tokens: int = 16
@@ -40,6 +48,10 @@ class SamplingParams:
                "max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _check(self.temperature >= 0.0, "temperature", f"temperature must be >= 0, got {self.temperature}")
         _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < GREEDY_TEMPERATURE:
+            self.temperature = 0.0
+        if self.top_p < MIN_TOP_P:
+            self.top_p = MIN_TOP_P
         _check(self.top_k == -1 or self.top_k >= 1, "top_k", f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
