@@ -5,6 +5,7 @@ token); tokenizer, detokenizer, parser, tool runtime, scheduler and KV manager a
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -18,6 +19,7 @@ from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
+from tandem.tools.builtins import CalculatorError, calculator
 from tandem.tools.registry import ToolRegistry
 from tests.doubles import CannedModel
 
@@ -122,3 +124,119 @@ def test_abort_while_paused_frees_everything(setup):
     assert out.finish_reason == "abort" and not eng.has_unfinished_requests()
     kv = eng.scheduler.kv
     assert kv.num_free_blocks == kv.num_blocks and kv.num_free_host_blocks == kv.num_host_blocks
+
+
+# --- the calculator bounds its result's size before computing (issue 16, defect 5) ------------------
+def _in_thread(fn, timeout_s: float = 5.0):
+    """fn() on a daemon thread: (finished, result or exception). A CPU-bound runaway does not finish."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            box["value"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return not t.is_alive(), box.get("value")
+
+
+@pytest.mark.parametrize("expr", ["((10**20)**999)**999", "(10**20)**999", "(2**999)**999", "(9**999)*(9**999)*(9**999)"
+                                  "*(9**999)*(9**999)", "(7**900)**6", "-(10**20)**999", "round(1, -100000000)",
+                                  "max(1, (10**20)**999)", "(10**20)**(999)*(10**20)**999"])
+def test_calculator_refuses_huge_results_quickly(expr):
+    finished, value = _in_thread(lambda: calculator(expr))
+    assert finished, f"{expr} still computing"
+    assert isinstance(value, CalculatorError) and "too large" in str(value), value
+
+
+@pytest.mark.parametrize("expr,expected", [("2**100", str(2**100)), ("37*91", "3367"), ("(10**20)**10", str(10**200)),
+                                          ("2**0.5", str(2**0.5)), ("10**300 * 10**300", str(10**600)),
+                                          ("(-3)**3", "-27"), ("round(1234.5678, 2)", "1234.57"),
+                                          ("round(123456, -3)", "123000"), ("2.5**1000", None)])
+def test_calculator_still_computes_reasonable_sizes(expr, expected):
+    if expected is None:                                      # float overflow: an error, computed at once
+        with pytest.raises(CalculatorError):
+            calculator(expr)
+    else:
+        assert calculator(expr) == expected
+
+
+# --- hung tools do not hold the workers (issue 16, defect 7) -------------------------------------------
+def test_timed_out_calls_do_not_hold_workers(tiny_llama):
+    release = threading.Event()
+    reg = ToolRegistry.with_builtins(default_timeout_s=5.0)
+
+    def hang(x: str) -> str:
+        release.wait(60)
+        return "late"
+
+    reg.register(hang, timeout_s=1.0)
+    runtime = ToolRuntime(reg, Tokenizer(tiny_llama), max_workers=2)
+    try:
+        now = time.monotonic()
+        for k in range(5):                                    # more hung calls than workers
+            runtime.watch(f"h{k}", ToolOptions())
+            runtime.start(f"h{k}", '{"name": "hang", "arguments": {"x": "1"}}', now)
+        events = runtime.poll(now + 2.0)                       # all past their deadline: abandoned
+        assert sorted(e.request_id for e in events) == [f"h{k}" for k in range(5)]
+        assert all(e.error and "timed out" in e.content for e in events)
+        runtime.watch("calc", ToolOptions())
+        runtime.start("calc", '{"name": "calculator", "arguments": {"expression": "6*7"}}', time.monotonic())
+        deadline = time.monotonic() + 5
+        got = []
+        while not got and time.monotonic() < deadline:
+            runtime.wait(0.1)
+            got = runtime.poll(time.monotonic())
+        assert [(e.request_id, e.content, e.error) for e in got] == [("calc", "42", False)]
+    finally:
+        release.set()
+        runtime.shutdown()
+
+
+def test_tool_results_with_lone_surrogates_reach_the_model_as_valid_text(tiny_llama):
+    reg = ToolRegistry()
+    reg.register(lambda x: "bad \ud800 text \U0001f600", name="odd")
+    runtime = ToolRuntime(reg, Tokenizer(tiny_llama))
+    try:
+        runtime.watch("r", ToolOptions())
+        runtime.start("r", '{"name": "odd", "arguments": {"x": "1"}}', time.monotonic())
+        runtime.wait(5)
+        (event,) = runtime.poll(time.monotonic())
+        assert event.content == "bad \ufffd text \U0001f600" and not event.error
+        assert runtime.result_tokens(event)                   # the tokenizer takes it
+    finally:
+        runtime.shutdown()
+
+
+def test_tool_workers_cap_live_calls_and_refuse_past_the_abandoned_cap():
+    from tandem.engine.tool_runtime import ToolWorkers
+
+    release = threading.Event()
+    workers = ToolWorkers(max_live=1, max_abandoned=2)
+    try:
+        hung = workers.submit(release.wait, 60)
+        queued = workers.submit(lambda: "second")
+        assert workers.num_live == 1 and not queued.running()       # the cap holds the second back
+        workers.abandon(hung)                                       # timed out: it stops counting
+        assert queued.result(timeout=5) == "second"
+        hung2 = workers.submit(release.wait, 60)
+        workers.abandon(hung2)
+        assert workers.num_abandoned == 2 and workers.num_live == 0
+        refused = workers.submit(lambda: "third")                   # two hung threads are enough
+        assert isinstance(refused.exception(timeout=1), RuntimeError)
+        release.set()
+        assert wait_for(lambda: workers.num_abandoned == 0)
+        assert workers.submit(lambda: "fourth").result(timeout=5) == "fourth"
+    finally:
+        release.set()
+        workers.shutdown()
+
+
+def wait_for(cond, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not cond():
+        time.sleep(0.01)
+    return cond()

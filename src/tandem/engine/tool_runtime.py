@@ -4,17 +4,23 @@ For each tool-enabled request the runtime watches the generated text; when a com
 `<tool_call>...</tool_call>` appears it hands back the call, the engine pauses the request in the
 scheduler, and the tool runs on a worker thread with its timeout. Finished calls are collected by
 `poll()`; their result (or an error message: unknown tool, malformed call, exception, timeout) is
-truncated to `max_result_chars` and turned into tokens through the chat template's tool turn, and
-the engine resumes the request with them. Scripted requests (InferCept's trace method) pause after
-each segment's `completion_tokens` for `api_time_s` and resume with `return_tokens` filler tokens.
+truncated to `max_result_chars` (lone surrogates replaced, so that the tokenizer takes it) and turned
+into tokens through the chat template's tool turn, and the engine resumes the request with them.
+Each call runs on a thread of its own, at most `max_workers` at once; a call that times out (or
+whose request is aborted) is abandoned: its thread runs on, but no longer counts against the cap,
+so hung tools cannot starve the others (`ToolWorkers`). Scripted requests (InferCept's trace
+method) pause after each segment's `completion_tokens` for `api_time_s` and resume with
+`return_tokens` filler tokens.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import json
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from tandem.tools.parsers.hermes import CLOSE, OPEN, parse_call
 from tandem.tools.registry import ToolRegistry
@@ -49,12 +55,87 @@ class ToolEvent:
     log: dict[str, Any] = field(default_factory=dict)
 
 
+class ToolWorkers:
+    """Runs calls on threads of their own, at most `max_live` at once (the rest queue, first come
+    first served). `abandon(future)` gives up on a call: a queued one is dropped; a running one
+    keeps its thread (Python cannot kill it) but stops counting against `max_live`. At most
+    `max_abandoned` abandoned threads may still run; past that, new calls fail at once rather than
+    pile up threads."""
+
+    def __init__(self, max_live: int = 8, max_abandoned: int = 64, name: str = "tandem-tool") -> None:
+        self.max_live = max_live
+        self.max_abandoned = max_abandoned
+        self.name = name
+        self._lock = threading.Lock()
+        self._queue: collections.deque[tuple[cf.Future, Callable[..., Any], tuple]] = collections.deque()
+        self._live: set[cf.Future] = set()            # running and not abandoned
+        self._abandoned: set[cf.Future] = set()       # running, given up on
+        self._closed = False
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
+
+    @property
+    def num_abandoned(self) -> int:
+        return len(self._abandoned)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the tool workers are shut down")
+            if len(self._abandoned) >= self.max_abandoned:
+                fut.set_exception(RuntimeError(f"{len(self._abandoned)} timed-out tool calls are still running"))
+                return fut
+            self._queue.append((fut, fn, args))
+            self._start_queued()
+        return fut
+
+    def abandon(self, fut: cf.Future) -> None:
+        with self._lock:
+            if fut.cancel():                          # still queued
+                return
+            if fut in self._live:
+                self._live.discard(fut)
+                self._abandoned.add(fut)
+                self._start_queued()
+
+    def _start_queued(self) -> None:
+        """(lock held) Start queued calls while live ones are under the cap."""
+        while self._queue and len(self._live) < self.max_live:
+            fut, fn, args = self._queue.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue                              # cancelled while queued
+            self._live.add(fut)
+            threading.Thread(target=self._run, args=(fut, fn, args), name=self.name, daemon=True).start()
+
+    def _run(self, fut: cf.Future, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            result = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the future
+            fut.set_exception(e)
+        else:
+            fut.set_result(result)
+        with self._lock:
+            self._live.discard(fut)
+            self._abandoned.discard(fut)
+            if not self._closed:
+                self._start_queued()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            while self._queue:
+                self._queue.popleft()[0].cancel()
+
+
 class ToolRuntime:
     def __init__(self, registry: ToolRegistry, tokenizer, max_workers: int = 8, max_result_chars: int = 4000) -> None:
         self.registry = registry
         self.tokenizer = tokenizer
         self.max_result_chars = max_result_chars
-        self._pool = cf.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tandem-tool")
+        self._pool = ToolWorkers(max_live=max_workers)
         self._watch: dict[str, _Watch] = {}
         self._running: dict[str, tuple[cf.Future, float, float, str]] = {}   # rid -> (future, start, deadline, tool)
         self._suffix_cache: dict[str, list[int]] = {}
@@ -69,7 +150,7 @@ class ToolRuntime:
         self._watch.pop(request_id, None)
         fut = self._running.pop(request_id, None)
         if fut is not None:
-            fut[0].cancel()
+            self._pool.abandon(fut[0])
 
     def is_watched(self, request_id: str) -> bool:
         return request_id in self._watch
@@ -152,16 +233,20 @@ class ToolRuntime:
     def _event(self, rid: str, name: str, fut: cf.Future, start: float, deadline: float, now: float) -> ToolEvent:
         log = {"tool": name, "duration_s": now - start}
         if not fut.done():
-            fut.cancel()
+            self._pool.abandon(fut)
             self.num_errors += 1
             return ToolEvent(rid, name, f"error: tool {name!r} timed out after {deadline - start:.1f}s", True, log)
-        kind, value = fut.result()
+        try:
+            kind, value = fut.result()
+        except Exception as e:   # the workers refused the call (too many hung ones)
+            kind, value = "__raised__", f"error: {e}"
         if kind == "__script__":
             return ToolEvent(rid, name, "", False, dict(log, return_tokens=value))
         if kind in ("__error__", "__raised__"):
             self.num_errors += 1
             return ToolEvent(rid, name, str(value), True, log)
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+        text = _valid_unicode(text)
         if len(text) > self.max_result_chars:
             text = text[:self.max_result_chars] + f"... [truncated {len(text) - self.max_result_chars} characters]"
         return ToolEvent(rid, name, text, False, log)
@@ -202,7 +287,18 @@ class ToolRuntime:
         return self.tokenizer.encode(suffix, add_special_tokens=False)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
+
+
+def _valid_unicode(text: str) -> str:
+    """`text` with lone UTF-16 surrogates (which the tokenizer refuses) replaced by U+FFFD."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _invoke(fn, args: dict[str, Any]) -> tuple[str, Any]:

@@ -26,6 +26,9 @@ _FUNCS = {"sqrt": math.sqrt, "sin": math.sin, "cos": math.cos, "tan": math.tan, 
 _CONSTS = {"pi": math.pi, "e": math.e}
 _MAX_EXPONENT = 1000
 _MAX_CHARS = 500
+_MAX_DIGITS = 4000                  # the largest integer result (and operand) in decimal digits
+_MAX_ROUND_DIGITS = 1000            # |ndigits| of round(): round(x, -n) computes 10**n
+_LOG10_2 = math.log10(2)
 
 
 class CalculatorError(ValueError):
@@ -40,21 +43,46 @@ def calculator(expression: str) -> str:
         raise CalculatorError(f"expression longer than {_MAX_CHARS} characters")
     try:
         tree = ast.parse(expression.replace("^", "**"), mode="eval")
+        value = _eval(tree.body)
     except SyntaxError as e:
         raise CalculatorError(f"not an arithmetic expression: {e.msg}") from None
-    value = _eval(tree.body)
+    except (RecursionError, MemoryError):
+        raise CalculatorError("expression nested too deeply") from None
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         value = int(value)
     return str(value)
 
 
+def _digits(x: float) -> float:
+    """About how many decimal digits the integer x has (floats are bounded by their type: 0)."""
+    return x.bit_length() * _LOG10_2 if isinstance(x, int) else 0.0
+
+
+def _check_size(op: ast.operator, left: float, right: float) -> None:
+    """Refuse, before computing, an integer power or product with more than _MAX_DIGITS digits:
+    Python computes those exactly, however long it takes (holding the GIL all the while). Both
+    operands are results already bounded the same way, so nesting cannot build a bigger one."""
+    if isinstance(op, ast.Pow):
+        if abs(right) > _MAX_EXPONENT:
+            raise CalculatorError(f"exponent larger than {_MAX_EXPONENT}")
+        if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
+            estimate = math.log10(abs(left)) * right
+            if estimate > _MAX_DIGITS:
+                raise CalculatorError(f"result too large: about {estimate:.0f} digits, the limit is {_MAX_DIGITS}")
+    elif isinstance(op, ast.Mult) and isinstance(left, int) and isinstance(right, int):
+        estimate = _digits(left) + _digits(right)
+        if estimate > _MAX_DIGITS + 1:
+            raise CalculatorError(f"result too large: about {estimate:.0f} digits, the limit is {_MAX_DIGITS}")
+
+
 def _eval(node: ast.AST) -> float:
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        if isinstance(node.value, int) and _digits(node.value) > _MAX_DIGITS + 1:
+            raise CalculatorError(f"number too large: the limit is {_MAX_DIGITS} digits")
         return node.value
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
-            raise CalculatorError(f"exponent larger than {_MAX_EXPONENT}")
+        _check_size(node.op, left, right)
         try:
             return _BINOPS[type(node.op)](left, right)
         except (ZeroDivisionError, OverflowError) as e:
@@ -64,8 +92,11 @@ def _eval(node: ast.AST) -> float:
     if isinstance(node, ast.Name) and node.id in _CONSTS:
         return _CONSTS[node.id]
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords:
+        args = [_eval(a) for a in node.args]
+        if node.func.id == "round" and len(args) > 1 and isinstance(args[1], int) and abs(args[1]) > _MAX_ROUND_DIGITS:
+            raise CalculatorError(f"round: ndigits too large: the limit is {_MAX_ROUND_DIGITS}")
         try:
-            return _FUNCS[node.func.id](*[_eval(a) for a in node.args])
+            return _FUNCS[node.func.id](*args)
         except (ValueError, TypeError, OverflowError) as e:
             raise CalculatorError(f"{node.func.id}: {e}") from None
     raise CalculatorError(f"unsupported syntax: {ast.dump(node)[:60]}")
