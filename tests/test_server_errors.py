@@ -131,12 +131,14 @@ def test_api_key(engine):
 
 
 def test_queue_full_is_503_with_retry_after(server, engine, monkeypatch):
-    monkeypatch.setattr(engine, "max_waiting", 0)
+    # The queue looks full: max_waiting (64) requests already wait. (max_waiting 0 would not do:
+    # a request needing more queue slots than max_waiting gets a 400, as it could never be accepted.)
+    monkeypatch.setattr(engine, "_num_pending", engine.max_waiting)
     for path, body in ((CHAT, chat()), (COMP, comp()), (COMP, comp(stream=True)), (CHAT, chat(n=3))):
         r = post(server, path, body)
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
         assert "retry later" in r.json()["error"]["message"]
-    monkeypatch.setattr(engine, "max_waiting", 64)
+    monkeypatch.undo()
     assert wait_until(lambda: engine_idle(engine))
     assert post(server, CHAT, chat()).status_code == 200
 

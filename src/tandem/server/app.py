@@ -11,18 +11,18 @@ import contextlib
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tandem.engine.async_engine import AsyncLLMEngine
 from tandem.server.errors import install_error_handlers
 from tandem.server.logprobs import TokenTexts
 from tandem.server.metrics import ServerMetrics
-from tandem.server.middleware import APIKeyMiddleware, BodyLimitMiddleware
+from tandem.server.middleware import APIKeyMiddleware, BodyLimitMiddleware, CatchAllMiddleware
 from tandem.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                     CompletionResponse, ErrorResponse, ModelCard, ModelList)
 from tandem.server.serving_chat import create_chat_completion
-from tandem.server.serving_common import ServerConfig, ServerState
+from tandem.server.serving_common import Drain, ServerConfig, ServerState
 from tandem.server.serving_completion import create_completion
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -41,17 +41,20 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
     route but /health. max_request_bytes: larger bodies get 413. max_tokens_limit: the largest
     `max_tokens` a request may ask for (400 above). max_prompt_tokens: the longest prompt (default:
     the context length minus one). max_n: most choices per request. drain_timeout_s: how long
-    shutdown waits for in-flight requests. tools: the server-side tool registry: a chat request
-    that brings no tools of its own is offered these, the engine runs the calls (the request pauses
-    meanwhile) and the response is the final answer; None serves client-side tool calls only. on_shutdown: called after the drain (the launcher
-    stops the engine thread there).
+    shutdown waits for in-flight requests (counted from `app.state.tandem.drain.begin()`, which the
+    launcher's server calls when shutdown starts; then streams end with an error event and [DONE],
+    whole responses with a 503). tools: the server-side tool registry: a chat request that brings
+    no tools of its own is offered these, the engine runs the calls (the request pauses meanwhile)
+    and the response is the final answer; None serves client-side tool calls only. on_shutdown:
+    called after the drain (the launcher stops the engine thread there). A request whose `n` (times
+    its prompts) exceeds the engine's `max_waiting` gets a 400: it could never be queued whole.
     """
     config = ServerConfig(model_name=model_name, model_aliases=tuple(model_aliases), api_key=api_key,
                           max_request_bytes=max_request_bytes, max_tokens_limit=max_tokens_limit,
                           max_prompt_tokens=max_prompt_tokens, max_n=max_n, drain_timeout_s=drain_timeout_s,
                           tool_parser=tool_parser)
     state = ServerState(engine=async_engine, config=config, metrics=ServerMetrics(async_engine.stats, model_name),
-                        token_texts=TokenTexts(async_engine.tokenizer), tools=tools)
+                        token_texts=TokenTexts(async_engine.tokenizer), tools=tools, drain=Drain(drain_timeout_s))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,7 +68,8 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
     if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)     # added last: runs first
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    app.add_middleware(CatchAllMiddleware)                        # added last: runs first
     _add_routes(app, state)
     return app
 
@@ -94,6 +98,6 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

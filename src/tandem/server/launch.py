@@ -1,16 +1,19 @@
 """Run the app under uvicorn: print how to reach it, serve, drain on SIGTERM, stop the engine.
 
-On SIGTERM (or Ctrl-C) uvicorn stops accepting connections and waits up to `drain_timeout_s` for
-in-flight requests (streams included) to finish; the app's lifespan then waits for the engine to
-drain and shuts the engine thread down. (uvicorn then re-raises the signal, so a SIGTERM'd server
+On SIGTERM (or Ctrl-C) uvicorn stops accepting connections and in-flight requests (streams
+included) get `drain_timeout_s` to finish; at that deadline the app ends what is left itself (a
+stream with an error event and [DONE], a whole response with a 503; uvicorn's own cancellation, a
+little later, then finds nothing to cut). The app's lifespan then waits for the engine to drain and
+shuts the engine thread down. (uvicorn then re-raises the signal, so a SIGTERM'd server
 exits as killed by SIGTERM, after the drain.)
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from tandem.engine.async_engine import AsyncLLMEngine
 from tandem.server.app import create_app
@@ -28,19 +31,35 @@ def usage_banner(host: str, port: int, model_name: str, api_key: str | None) -> 
             f"       -d {shlex.quote(body)}\n")
 
 
+DRAIN_MARGIN_S = 2.0        # uvicorn cancels tasks this long after the app's own drain deadline
+
+
+def make_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
+                log_level: str = "info") -> Any:
+    """A uvicorn server for `app` (from `create_app`) whose shutdown starts the app's drain deadline."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:        # type: ignore[override]
+            drain = getattr(getattr(app.state, "tandem", None), "drain", None)
+            if drain is not None:
+                drain.begin()
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s + DRAIN_MARGIN_S)))
+    return _Server(config)
+
+
 def serve(engine: AsyncLLMEngine, model_name: str, *, host: str = "127.0.0.1", port: int = 8000,
           api_key: str | None = None, max_request_bytes: int = 2 * 2**20, max_tokens_limit: int = 4096,
           drain_timeout_s: float = 30.0, log_level: str = "info", out: TextIO = sys.stdout,
           tools=None) -> None:
     """Serve until SIGTERM / SIGINT, then drain and shut the engine down."""
-    import uvicorn
-
     app = create_app(engine, model_name, api_key=api_key, max_request_bytes=max_request_bytes,
                      max_tokens_limit=max_tokens_limit, drain_timeout_s=drain_timeout_s,
                      on_shutdown=engine.shutdown, tools=tools)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=max(1, int(drain_timeout_s)))
-    server = uvicorn.Server(config)
+    server = make_server(app, host=host, port=port, drain_timeout_s=drain_timeout_s, log_level=log_level)
     print(usage_banner(host, port, model_name, api_key), file=out, flush=True)
     try:
         server.run()

@@ -1,14 +1,17 @@
-"""ASGI guards in front of every route: the API key (401) and the request-body size limit (413).
+"""ASGI guards in front of every route: the API key (401), the request-body size limit (413), and
+a catch-all that turns an unexpected exception into an OpenAI-format 500 (traceback to the log).
 
-Both answer in the OpenAI error format before the app sees the request. The body limit reads the
-body (at most `max_bytes` + 1 bytes) and replays it to the app, so a large or endless body never
-reaches JSON parsing; later `receive` calls (disconnect detection) go to the client as usual.
+The first two answer in the OpenAI error format before the app sees the request. The body limit
+reads the body (at most `max_bytes` + 1 bytes) and replays it to the app, so a large or endless
+body never reaches JSON parsing; later `receive` calls (disconnect detection) go to the client as
+usual. The API key's scheme is case-insensitive (`bearer` works too, as RFC 7235 says).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import logging
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -16,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tandem.server.errors import error_body
 
 PUBLIC_PATHS = frozenset({"/health"})
+log = logging.getLogger("tandem.server")
 
 
 async def send_error(send: Send, status: int, message: str, code: str | None = None,
@@ -34,19 +38,55 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+class CatchAllMiddleware:
+    """The outermost guard: an exception nothing else handled is logged with its traceback and
+    answered with a 500 in the OpenAI format (if the response has not started; otherwise the
+    connection is dropped, as there is no way to tell the client in the middle of a body)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:
+            log.error("internal error serving %s %s", scope.get("method"), scope.get("path"), exc_info=e)
+            if started:
+                raise
+            await send_error(send, 500, "internal server error", "internal_error")
+
+
+def _bearer_token(value: bytes) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` value (the scheme is case-insensitive, RFC 7235)."""
+    scheme, _, token = value.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" and token.strip() else None
+
+
 class APIKeyMiddleware:
     """Requires `Authorization: Bearer <key>` on every HTTP route but /health."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"authorization") or b""
-        if not hmac.compare_digest(given, self.expected):
+        token = _bearer_token(given)
+        if token is None or not hmac.compare_digest(token, self.expected):
             msg = "missing API key: send 'Authorization: Bearer <key>'" if not given else "invalid API key"
             await send_error(send, 401, msg, "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return

@@ -3,7 +3,8 @@
 Pydantic validates requests (a failure names the field, e.g. `messages[0].content`, and becomes an
 HTTP 400) and documents the API in the app's OpenAPI schema. Only shape and range checks live here;
 what depends on the model (context length, model name, tool names) is checked by the serving code.
-Unknown request fields are ignored, as OpenAI-compatible servers do.
+Unknown request fields are ignored, as OpenAI-compatible servers do. Types are strict: no "yes" for
+a boolean, no `true` or `2.0` for an integer (an integer is a fine number, though).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -23,8 +23,9 @@ from tandem.server.logprobs import TokenTexts, chat_logprobs
 from tandem.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                     ChatDelta, ChatResponseMessage, ChatStreamChoice, DeltaFunction, DeltaToolCall,
                                     FunctionCallOut, NamedToolChoice, ToolCallOut)
-from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, new_id,
-                                          reject_unsupported, resolve_max_tokens, sampling_params, sse, usage)
+from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request_text,
+                                          new_id, off_loop_if_large, reject_unsupported, resolve_max_tokens,
+                                          sampling_params, sse, usage)
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 from tandem.tools.chat_format import render_chat
 from tandem.tools.parsers import ToolCall, ToolCallStream, ToolParser, get_tool_parser
@@ -59,7 +60,21 @@ def _check_fields(req: ChatCompletionRequest) -> None:
             raise InvalidRequestError(f"messages[{i}] ({m.role}) has no content", field=f"messages[{i}].content")
 
 
+def _text_size(req: ChatCompletionRequest) -> int:
+    """Characters of message text (what templating and tokenizing cost grows with)."""
+    size = 0
+    for m in req.messages:
+        if isinstance(m.content, str):
+            size += len(m.content)
+        elif m.content:
+            size += sum(len(p.text or "") for p in m.content)
+        for c in m.tool_calls or ():
+            size += len(c.function.arguments) if isinstance(c.function.arguments, str) else 0
+    return size
+
+
 def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
+    check_request_text(req)
     check_model(state, req.model)
     reject_unsupported(req)
     _check_fields(req)
@@ -84,13 +99,14 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request) -> Response:
-    job = prepare_chat(state, req)
+    job = await off_loop_if_large(_text_size(req), prepare_chat, state, req)
     ids = [f"{job.response_id}-{i}" for i in range(len(job.params))]
     stream = await submit(state.engine, [job.prompt_token_ids] * len(ids), job.params, ids,
                           state.metrics.observe, state.metrics.observe_abort, job.server_tools)
     if req.stream:
-        return ClosingStreamingResponse(stream_chat(state, job, stream), media_type="text/event-stream")
-    response = await until_disconnected(raw, collect_chat(state, job, stream))
+        return ClosingStreamingResponse(stream_chat(state, job, stream), media_type="text/event-stream",
+                                        drain=state.drain)
+    response = await until_disconnected(raw, collect_chat(state, job, stream), state.drain)
     return JSONResponse(response.model_dump(mode="json"))
 
 

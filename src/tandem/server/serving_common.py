@@ -6,11 +6,12 @@ Raises `APIError` / `InvalidRequestError` naming the field; `errors.py` turns th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from pydantic import BaseModel
 
@@ -24,6 +25,8 @@ from tandem.server.metrics import ServerMetrics
 from tandem.server.protocol import SamplingFields, UsageInfo
 
 MAX_STOP_STRINGS = 16
+OFF_LOOP_CHARS = 32_768           # requests with more text are templated and tokenized on a worker thread
+MAX_NESTING = 64                  # deepest JSON nesting a request may carry (the tokenizer's and json's stacks)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,35 @@ class ServerConfig:
     tool_parser: str = "hermes"
 
 
+class Drain:
+    """The drain deadline: once shutdown begins, in-flight requests have `timeout_s` to finish; then
+    the serving code ends them itself (a stream with an error event and [DONE], a whole response
+    with a 503), before the HTTP server would cancel them mid-response."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._expired: asyncio.Event | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _event(self) -> asyncio.Event:
+        if self._expired is None:
+            self._expired = asyncio.Event()
+        return self._expired
+
+    def begin(self) -> None:
+        """Start the countdown (from the event loop, when shutdown starts)."""
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._event().set)
+
+    @property
+    def expired(self) -> bool:
+        return self._expired is not None and self._expired.is_set()
+
+    async def wait(self) -> None:
+        """Return once the deadline has passed."""
+        await self._event().wait()
+
+
 @dataclass
 class ServerState:
     engine: AsyncLLMEngine
@@ -49,6 +81,7 @@ class ServerState:
     token_texts: TokenTexts
     tools: Any | None = None                 # the server-side tool registry (later); None: client-side only
     created: int = field(default_factory=lambda: int(time.time()))
+    drain: Drain = field(default_factory=lambda: Drain(30.0))
 
     @property
     def max_model_len(self) -> int:
@@ -57,6 +90,17 @@ class ServerState:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+
+T = TypeVar("T")
+
+
+async def off_loop_if_large(num_chars: int, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, on a worker thread when the request carries over OFF_LOOP_CHARS of text, so that
+    templating and tokenizing a large prompt does not stall the event loop (other requests, /health)."""
+    if num_chars > OFF_LOOP_CHARS:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 def new_id(prefix: str) -> str:
@@ -79,9 +123,66 @@ def reject_unsupported(req: SamplingFields) -> None:
         raise InvalidRequestError("logit_bias is not supported", field="logit_bias")
 
 
-def check_num_choices(state: ServerState, num: int) -> None:
+def check_num_choices(state: ServerState, num: int, field_name: str = "n") -> None:
+    """`num` engine requests (n choices, times the prompts): within max_n, and within the queue
+    (each waits in it, so more than `--max-waiting` could never be accepted: 400, not 503 forever)."""
     if num > state.config.max_n:
         raise InvalidRequestError(f"n={num} choices is over this server's limit of {state.config.max_n}", field="n")
+    max_waiting = getattr(state.engine, "max_waiting", None)
+    if isinstance(max_waiting, int) and num > max_waiting:
+        raise InvalidRequestError(f"this request needs {num} generations (n times the prompts) but this server "
+                                  f"queues at most {max_waiting} (--max-waiting {max_waiting}); send fewer",
+                                  field=field_name)
+
+
+def _bad_text(s: str) -> int | None:
+    """The index of the first lone UTF-16 surrogate in `s` (which no tokenizer can encode), or None."""
+    if s.isascii():
+        return None
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+_WALKED = (str, BaseModel, dict, list, tuple)
+
+
+def check_request_text(req: BaseModel) -> None:
+    """400 naming the field for text the tokenizer cannot take (lone surrogates, from JSON escapes
+    such as \\ud800) and for nesting deeper than MAX_NESTING, anywhere in the request."""
+    # (value, its field path, depth, the model field it lies under: nesting errors name that field)
+    stack: list[tuple[Any, str, int, str]] = [(req, "", 0, "")]
+    while stack:
+        obj, path, depth, anchor = stack.pop()
+        if isinstance(obj, str):
+            pos = _bad_text(obj)
+            if pos is not None:
+                raise InvalidRequestError(f"{path or 'the request'} contains a lone UTF-16 surrogate "
+                                          f"(U+{ord(obj[pos]):04X}) at character {pos}: text must be valid "
+                                          "Unicode", field=path or None)
+            continue
+        if depth > MAX_NESTING:
+            raise InvalidRequestError(f"{anchor} is nested more than {MAX_NESTING} levels deep", field=anchor)
+        children: list[tuple[Any, str, int, str]] = []
+        if isinstance(obj, BaseModel):
+            for name in type(obj).model_fields:
+                value = getattr(obj, name)
+                if isinstance(value, _WALKED):
+                    sub = f"{path}.{name}" if path else name
+                    children.append((value, sub, depth + 1, sub))
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                if isinstance(k, str):
+                    children.append((k, path, depth + 1, anchor))        # a bad key names its object
+                    if _bad_text(k) is None:
+                        children.append((v, f"{path}.{k}", depth + 1, anchor))
+                        continue
+                children.append((v, path, depth + 1, anchor))
+        elif isinstance(obj, (list, tuple)):
+            children = [(v, f"{path}[{i}]", depth + 1, anchor) for i, v in enumerate(obj) if isinstance(v, _WALKED)]
+        stack.extend(reversed(children))
 
 
 def resolve_max_tokens(state: ServerState, requested: int | None, num_prompt_tokens: int, field_name: str,

@@ -20,8 +20,9 @@ from tandem.sampling_params import SamplingParams
 from tandem.server.errors import error_body, to_api_error
 from tandem.server.logprobs import completion_logprobs
 from tandem.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
-from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, new_id,
-                                          reject_unsupported, resolve_max_tokens, sampling_params, sse, usage)
+from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request_text,
+                                          new_id, off_loop_if_large, reject_unsupported, resolve_max_tokens,
+                                          sampling_params, sse, usage)
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 
 DEFAULT_MAX_TOKENS = 16           # OpenAI's default for /v1/completions
@@ -69,12 +70,20 @@ def prompt_token_ids(state: ServerState, prompt: str | list[int] | list[str] | l
     return out
 
 
+def _text_size(prompt: str | list[int] | list[str] | list[list[int]]) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, str))
+
+
 def prepare_completion(state: ServerState, req: CompletionRequest) -> CompletionJob:
+    check_request_text(req)
     check_model(state, req.model)
     reject_unsupported(req)
     _check_fields(req)
+    num_prompts = 1 if isinstance(req.prompt, str) or all(isinstance(t, int) for t in req.prompt) else len(req.prompt)
+    check_num_choices(state, max(1, num_prompts) * req.n, "n" if req.n > 1 else "prompt")
     prompts = prompt_token_ids(state, req.prompt)
-    check_num_choices(state, len(prompts) * req.n)
     params: list[SamplingParams] = []
     for ids in prompts:
         max_tokens = resolve_max_tokens(state, req.max_tokens, len(ids), "max_tokens", "prompt",
@@ -86,13 +95,14 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Completion
 
 
 async def create_completion(state: ServerState, req: CompletionRequest, raw: Request) -> Response:
-    job = prepare_completion(state, req)
+    job = await off_loop_if_large(_text_size(req.prompt), prepare_completion, state, req)
     ids = [f"{job.response_id}-{i}" for i in range(len(job.params))]
     stream = await submit(state.engine, job.prompts, job.params, ids, state.metrics.observe,
                           state.metrics.observe_abort)
     if req.stream:
-        return ClosingStreamingResponse(stream_completion(state, job, stream), media_type="text/event-stream")
-    response = await until_disconnected(raw, collect_completion(state, job, stream))
+        return ClosingStreamingResponse(stream_completion(state, job, stream), media_type="text/event-stream",
+                                        drain=state.drain)
+    response = await until_disconnected(raw, collect_completion(state, job, stream), state.drain)
     return JSONResponse(response.model_dump(mode="json"))
 
 

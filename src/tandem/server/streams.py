@@ -5,7 +5,8 @@ starts them together and, if any is refused (bad input, queue full), cancels the
 error becomes the HTTP response. `MergedStream` yields `(choice index, RequestOutput)` as outputs
 arrive; closing it early (client gone, error) cancels what is still running, which aborts those
 engine requests and frees their KV blocks. `until_disconnected` does the same for non-streamed
-requests whose client leaves while they are being generated.
+requests whose client leaves while they are being generated. Both also end their request at the
+drain deadline (`Drain`): a whole response becomes a 503, a stream gets an error event and [DONE].
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from starlette.types import Receive, Scope, Send
 from tandem.engine.async_engine import AsyncLLMEngine
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
-from tandem.server.errors import APIError
+from tandem.server.errors import APIError, error_body
+from tandem.server.serving_common import SSE_DONE, Drain, sse
 
 T = TypeVar("T")
 
@@ -96,21 +98,36 @@ async def submit(engine: AsyncLLMEngine, prompts: list[list[int]], params: list[
     return stream
 
 
-async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`; if the client disconnects first, cancel it (aborting its engine requests)."""
+SHUTTING_DOWN = "shutting_down"
+
+
+def drain_message(drain: Drain) -> str:
+    return (f"the server is shutting down and this request did not finish within the drain timeout "
+            f"({drain.timeout_s:g} s); retry it")
+
+
+async def until_disconnected(request: Request, work: Awaitable[T], drain: Drain | None = None) -> T:
+    """Run `work`; if the client disconnects first, or the drain deadline passes, cancel it
+    (aborting its engine requests): 499, or 503 at the deadline."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watchers = [asyncio.ensure_future(_wait_disconnect(request))]
+    if drain is not None:
+        watchers.append(asyncio.ensure_future(drain.wait()))
     try:
-        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([task, *watchers], return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         task.cancel()
-        watcher.cancel()
+        for w in watchers:
+            w.cancel()
         raise
-    watcher.cancel()
+    for w in watchers:
+        w.cancel()
     if not task.done():
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if drain is not None and drain.expired:
+            raise APIError(503, drain_message(drain), None, SHUTTING_DOWN)
         raise APIError(499, "client disconnected")
     return task.result()
 
@@ -126,12 +143,54 @@ class ClosingStreamingResponse(StreamingResponse):
     """A StreamingResponse that always closes its body iterator, however the response ends.
 
     Starlette cancels the body on a client disconnect under ASGI spec < 2.4, but under 2.4 it only
-    stops iterating; closing here makes the abort (and the KV blocks' return) prompt either way."""
+    stops iterating; closing here makes the abort (and the KV blocks' return) prompt either way.
+    With a `drain`, the stream is cut at the drain deadline: its engine requests are aborted and
+    the client gets an error event and `data: [DONE]`, so it can tell the stream was cut."""
+
+    def __init__(self, content: Any, *, drain: Drain | None = None, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.drain = drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            if self.drain is None:
+                await super().__call__(scope, receive, send)
+            else:
+                await self._until_drained(scope, receive, send, self.drain)
         finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await self._close_body()
+
+    async def _close_body(self) -> None:
+        aclose = getattr(self.body_iterator, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    async def _until_drained(self, scope: Scope, receive: Receive, send: Send, drain: Drain) -> None:
+        sent = {"start": False, "end": False}
+
+        async def tracked(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                sent["start"] = True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                sent["end"] = True
+            await send(message)
+
+        task = asyncio.ensure_future(super().__call__(scope, receive, tracked))
+        deadline = asyncio.ensure_future(drain.wait())
+        try:
+            await asyncio.wait([task, deadline], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            deadline.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+        if sent["end"]:
+            return
+        await self._close_body()                # abort the engine requests before answering
+        if not sent["start"]:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        tail = sse(error_body(503, drain_message(drain), None, SHUTTING_DOWN)) + SSE_DONE
+        await send({"type": "http.response.body", "body": tail.encode(), "more_body": False})

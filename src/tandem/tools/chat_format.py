@@ -13,10 +13,14 @@ Messages arrive as plain dicts in the OpenAI shape (already validated by the ser
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from tandem.errors import InvalidRequestError
 
+MAX_ARGUMENT_NESTING = 64        # deeper tool-call arguments are refused (json and jinja recurse)
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _PROBE_NAME = "tandem_probe_tool_4f2a"
 _native_cache: dict[str, bool] = {}
 
@@ -72,7 +76,7 @@ def render_chat(hf_tokenizer: Any, messages: list[dict[str, Any]], tools: list[d
         raise InvalidRequestError("this model has no chat template; use /v1/completions", field="messages")
     shown, extra = select_tools(tools, tool_choice)
     if template_renders_tools(hf_tokenizer):
-        msgs = [_native_message(m) for m in messages]
+        msgs = [_native_message(m, i) for i, m in enumerate(messages)]
         if extra:
             msgs = _with_system_text(msgs, extra.strip())
     else:
@@ -88,7 +92,7 @@ def hermes_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
                     extra: str = "") -> list[dict[str, str]]:
     """Messages with tools, tool calls and tool results written as Hermes text (plain roles only)."""
     out: list[dict[str, str]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         role, content = m["role"], content_text(m.get("content"))
         if role == "tool":
             block = f"<tool_response>\n{content}\n</tool_response>"
@@ -98,7 +102,8 @@ def hermes_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] 
                 out.append({"role": "user", "content": block})
             continue
         if role == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(_tool_call_text(c) for c in m["tool_calls"])
+            calls = "\n".join(_tool_call_text(c, f"messages[{i}].tool_calls[{j}].function.arguments")
+                              for j, c in enumerate(m["tool_calls"]))
             content = f"{content}\n{calls}" if content else calls
         out.append({"role": "system" if role == "developer" else role, "content": content})
     if tools:
@@ -122,23 +127,54 @@ def content_text(content: str | list[dict[str, Any]] | None) -> str:
     return "".join(parts)
 
 
-def _tool_call_text(call: dict[str, Any]) -> str:
+def _tool_call_text(call: dict[str, Any], field: str = "messages") -> str:
     fn = call.get("function") or {}
-    body = json.dumps({"name": fn.get("name"), "arguments": _arguments(fn.get("arguments"))}, ensure_ascii=False)
+    body = json.dumps({"name": fn.get("name"), "arguments": _arguments(fn.get("arguments"), field)},
+                      ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def _arguments(args: Any) -> Any:
-    """Arguments as a JSON object where they parse as one (the wire format sends a JSON string)."""
+def _string_nesting_over(text: str, limit: int) -> bool:
+    """Whether the JSON text nests brackets deeper than `limit` (brackets inside strings do not count)."""
+    if "[" not in text and "{" not in text:
+        return False
+    depth = 0
+    for ch in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        if depth > limit:
+            return True
+    return False
+
+
+def _value_nesting_over(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests deeper than `limit` (iteratively: no recursion to overflow)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= limit:
+                return True
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def _arguments(args: Any, field: str = "messages") -> Any:
+    """Arguments as a JSON object where they parse as one (the wire format sends a JSON string).
+    Nesting deeper than MAX_ARGUMENT_NESTING is refused before parsing (InvalidRequestError naming `field`)."""
+    too_deep = InvalidRequestError(f"{field} is nested more than {MAX_ARGUMENT_NESTING} levels deep", field=field)
     if isinstance(args, str):
+        if _string_nesting_over(args, MAX_ARGUMENT_NESTING):
+            raise too_deep
         try:
             return json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return args
+    if _value_nesting_over(args, MAX_ARGUMENT_NESTING):
+        raise too_deep
     return {} if args is None else args
 
 
-def _native_message(m: dict[str, Any]) -> dict[str, Any]:
+def _native_message(m: dict[str, Any], index: int = 0) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"],
                            "content": content_text(m.get("content"))}
     for key in ("name", "tool_call_id"):
@@ -147,8 +183,10 @@ def _native_message(m: dict[str, Any]) -> dict[str, Any]:
     if m.get("tool_calls"):
         msg["tool_calls"] = [{"id": c.get("id"), "type": "function",
                               "function": {"name": (c.get("function") or {}).get("name"),
-                                           "arguments": _arguments((c.get("function") or {}).get("arguments"))}}
-                             for c in m["tool_calls"]]
+                                           "arguments": _arguments((c.get("function") or {}).get("arguments"),
+                                                                   f"messages[{index}].tool_calls[{j}].function"
+                                                                   ".arguments")}}
+                             for j, c in enumerate(m["tool_calls"])]
     return msg
 
 
