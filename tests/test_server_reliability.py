@@ -274,3 +274,26 @@ def test_drain_deadline_ends_requests_with_errors_and_done(tiny_llama, caplog):
     assert not [rec for rec in caplog.records if "CancelledError" in rec.getMessage()
                 or (rec.exc_info and isinstance(rec.exc_info[1], asyncio.CancelledError))]
     assert not [rec for rec in caplog.records if "Cancel" in rec.getMessage() and "task" in rec.getMessage()]
+
+
+def test_a_trickling_body_gets_408(engine):
+    import socket
+
+    srv = LiveServer(create_app(engine, MODEL, body_timeout_s=0.3))
+    try:
+        host, port = srv.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"prompt\":")          # 10 of the 100 bytes, then nothing
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), reply
+        assert json.loads(body)["error"]["code"] == "request_timeout"
+        assert post(srv, COMP, comp()).status_code == 200                  # others are served
+    finally:
+        srv.stop()

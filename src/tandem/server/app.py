@@ -30,15 +30,17 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | None = None,
-               max_request_bytes: int = 2 * 2**20, max_tokens_limit: int = 4096,
-               max_prompt_tokens: int | None = None, max_n: int = 16, drain_timeout_s: float = 30.0,
+               max_request_bytes: int = 2 * 2**20, body_timeout_s: float | None = 30.0,
+               max_tokens_limit: int = 4096, max_prompt_tokens: int | None = None, max_n: int = 16,
+               drain_timeout_s: float = 30.0,
                model_aliases: tuple[str, ...] = ("default",), tool_parser: str = "hermes",
                tools: Any | None = None, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     """An OpenAI-compatible app over `async_engine`.
 
     model_name: the served name (`/v1/models`; requests naming another model, other than one of
     `model_aliases`, get 404). api_key: if set, `Authorization: Bearer <key>` is required on every
-    route but /health. max_request_bytes: larger bodies get 413. max_tokens_limit: the largest
+    route but /health. max_request_bytes: larger bodies get 413. body_timeout_s: a body that takes
+    longer to arrive gets 408 (None: no limit). max_tokens_limit: the largest
     `max_tokens` a request may ask for (400 above). max_prompt_tokens: the longest prompt (default:
     the context length minus one). max_n: most choices per request. drain_timeout_s: how long
     shutdown waits for in-flight requests (counted from `app.state.tandem.drain.begin()`, which the
@@ -66,7 +68,7 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
     app = FastAPI(title="Tandem", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.tandem = state
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes, timeout_s=body_timeout_s)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     app.add_middleware(CatchAllMiddleware)                        # added last: runs first

@@ -26,7 +26,8 @@ RETRY_AFTER_S = 1
 _FIELD = re.compile(r"^[a-z_][a-z0-9_]*$")
 _UNION_MEMBERS = {"str", "int", "float", "bool", "list", "dict", "none"}
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "server_overloaded"}
+          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+          503: "server_overloaded"}
 
 
 class APIError(Exception):

@@ -9,9 +9,11 @@ usual. The API key's scheme is case-insensitive (`bearer` works too, as RFC 7235
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import time
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -94,11 +96,13 @@ class APIKeyMiddleware:
 
 
 class BodyLimitMiddleware:
-    """Refuses request bodies over `max_bytes` with 413 (by Content-Length, or while reading)."""
+    """Refuses request bodies over `max_bytes` with 413 (by Content-Length, or while reading), and
+    bodies that take over `timeout_s` to arrive (a client trickling bytes) with 408."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float | None = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -114,7 +118,12 @@ class BodyLimitMiddleware:
             if too_big:
                 await send_error(send, 413, self._message(int(declared)), "request_too_large")
                 return
-        messages = await self._read_body(receive)
+        try:
+            messages = await self._read_body(receive)
+        except TimeoutError:
+            await send_error(send, 408, f"the request body did not arrive within {self.timeout_s:g} s",
+                             "request_timeout", [(b"connection", b"close")])
+            return
         if messages is None:
             await send_error(send, 413, self._message(None), "request_too_large")
             return
@@ -125,11 +134,15 @@ class BodyLimitMiddleware:
         return f"request body too large: {got}, the limit is {self.max_bytes} bytes"
 
     async def _read_body(self, receive: Receive) -> list[Message] | None:
-        """The body's messages, or None once they pass the limit."""
+        """The body's messages, or None once they pass the limit (TimeoutError past the deadline)."""
         messages: list[Message] = []
         size = 0
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
-            message = await receive()
+            if deadline is None:
+                message = await receive()
+            else:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             messages.append(message)
             if message["type"] != "http.request":
                 return messages                   # a disconnect: let the app see it
