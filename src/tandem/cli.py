@@ -173,11 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
     s.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name; 'default' also works)")
-    s.add_argument("--max-waiting", type=int, default=256, help="waiting requests before answering 503")
+    s.add_argument("--max-waiting", type=int, default=256,
+                   help="waiting requests before answering 503 (a request with more choices, n times its "
+                        "prompts, gets 400)")
     s.add_argument("--max-request-bytes", type=int, default=2 * 2**20, help="larger request bodies get 413")
     s.add_argument("--max-tokens-limit", type=int, default=4096, help="the largest max_tokens a request may ask")
     s.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds to let in-flight requests finish on SIGTERM")
+                   help="seconds to let in-flight requests finish on SIGTERM (then streams end with an "
+                        "error event and [DONE], whole responses get 503)")
     s.add_argument("--tools", default="", help="server-side built-in tools, e.g. calculator,retrieve")
     s.add_argument("--tools-module", default=None, help="a module whose register(registry) adds Python tools")
     s.add_argument("--tools-docs", default=None, help="folder of .txt/.md documents for the retrieve tool")
