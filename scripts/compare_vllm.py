@@ -93,6 +93,7 @@ def run_offline(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
             subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
                             "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
                             "--temperature", str(temperature), "--repeats", str(a.offline_repeats),
+                            "--vllm-memory-fraction", str(a.vllm_memory_fraction),
                             "--json", str(out)], check=True, stdout=sys.stdout, stderr=subprocess.DEVNULL)
             results[f"{engine}-t{temperature:g}"] = json.loads(out.read_text())["output_tok_s"]
     return results

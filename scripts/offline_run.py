@@ -17,12 +17,13 @@ import statistics
 import time
 
 
-def build(engine: str, model: str, dtype: str, max_model_len: int):
+def build(engine: str, model: str, dtype: str, max_model_len: int, vllm_memory_fraction: float):
     """A function running a batch of (ids, max_tokens, temperature) at once; returns output tokens."""
     if engine == "vllm":
         from vllm import LLM, SamplingParams, TokensPrompt
 
-        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, seed=0)
+        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, seed=0,
+                  gpu_memory_utilization=vllm_memory_fraction)
 
         def run(reqs, temperature):
             prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in reqs]
@@ -53,9 +54,11 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", required=True)
+    ap.add_argument("--vllm-memory-fraction", type=float, default=0.5,
+                    help="vLLM's gpu_memory_utilization: on CPU, the share of NUMA node 0's memory it reserves")
     a = ap.parse_args()
     reqs = json.load(open(a.requests))
-    run = build(a.engine, a.model, a.dtype, a.max_model_len)
+    run = build(a.engine, a.model, a.dtype, a.max_model_len, a.vllm_memory_fraction)
     run(reqs[:2], a.temperature)                                  # warm-up
     runs = []
     for i in range(a.repeats):

@@ -24,6 +24,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 (auto: bf16 where fast)")
     g.add_argument("--device", default="auto")
+    g.add_argument("--quantization", choices=["auto", "gguf", "none"], default="auto",
+                   help="auto/gguf: a model from a GGUF keeps its Q4_1/Q8_0 blocks for small steps on CPU")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--max-num-seqs", type=int, default=64)
@@ -90,7 +92,7 @@ def _make_llm(a: argparse.Namespace, **overrides):
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
               kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
               seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
-              swap_space_gb=a.swap_space_gb, tools=_tools(a))
+              swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization)
     kw.update(overrides)
     return LLM(**kw)
 

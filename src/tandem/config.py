@@ -59,8 +59,13 @@ class ModelConfig:
     max_model_len: int | None = None    # None: the model's own context length (capped, see engine)
     seed: int = 0
     num_threads: int | None = None      # CPU threads for torch (None: all cores)
+    # auto: a model converted from a GGUF keeps its Q4_1 / Q8_0 blocks for small steps on CPU
+    # (tandem.models.quant); gguf: the same, and an error where it cannot; none: float weights only.
+    quantization: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.quantization not in ("auto", "gguf", "none"):
+            raise ConfigError(f"unknown quantization {self.quantization!r} (auto, gguf or none)")
         if self.dtype not in ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float"):
             raise ConfigError(f"unknown dtype {self.dtype!r} (auto, bfloat16, float16 or float32)")
 

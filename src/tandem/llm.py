@@ -52,6 +52,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     max_len = _max_model_len(model_cfg, arch.max_position_embeddings, arch.sliding_window,
                              num_blocks * cache_cfg.block_size)
     model = load_model(model_dir, dtype, device, max_positions=max_len)
+    quant = attach_quantized(model, model_dir, model_cfg.quantization, device)
     sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
     num_host = int(cache_cfg.swap_space_gb * 2**30 // bytes_per_block)
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)
@@ -66,8 +67,8 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
         runner.spec = make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft)
         policy = make_length_policy(spec_cfg, cost)
         frontiers = make_frontier_chooser(spec_cfg, cost)
-    log.info("model %s: %s on %s, %d KV blocks of %d tokens, context %d, speculation %s", model_dir.name, dtype,
-             device, num_blocks, cache_cfg.block_size, max_len, spec_cfg)
+    log.info("model %s: %s on %s, weights %s, %d KV blocks of %d tokens, context %d, speculation %s",
+             model_dir.name, dtype, device, quant, num_blocks, cache_cfg.block_size, max_len, spec_cfg)
     # Seconds per token to copy KV to host and back (the min-waste rule's swap cost): per-token bytes
     # at a conservative 5 GB/s (PCIe on GPUs; a memcpy between tensors on CPUs).
     swap_s = bytes_per_block / cache_cfg.block_size / 5e9
@@ -77,6 +78,33 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
                           swap_s_per_token=swap_s, frontiers=frontiers)
     runtime = ToolRuntime(tools, tokenizer) if tools is not None else None
     return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime)
+
+
+def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
+    """Give a GGUF-converted model its quantized blocks for small steps (see tandem.models.quant);
+    returns a description for the log. `mode` "gguf" insists, "auto" does it where it can."""
+    if mode == "none":
+        return "float"
+    from tandem.models.quant import attach_gguf, choose_max_rows, gguf_source
+    from tandem.runner.kernels import make_ops
+
+    source = gguf_source(model_dir)
+    ops = make_ops(device)
+    if source is None:
+        why = "the model was not converted from a GGUF file"
+    elif device.type != "cpu":
+        why = "the quantized kernels run on CPU only"
+    elif not hasattr(ops, "quant_linear"):
+        why = "Tandem's CPU kernels could not be built"
+    else:
+        why = None
+    if why is not None:
+        if mode == "gguf":
+            raise ConfigError(f"quantization 'gguf': {why}")
+        return "float"
+    n = attach_gguf(model, source, ops)
+    rows = choose_max_rows(model)
+    return f"float + {n} GGUF-quantized layers (quantized kernel up to {min(rows.values(), default=0)} rows)"
 
 
 def as_spec_config(speculative: SpecConfig | str | None) -> SpecConfig | None:
@@ -107,9 +135,9 @@ class LLM:
                  enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
                  num_threads: int | None = None, speculative: SpecConfig | str | None = None,
                  tools: ToolRegistry | list[str] | bool | None = None, swap_space_gb: float = 0.25,
-                 progress: bool = True) -> None:
+                 progress: bool = True, quantization: str = "auto") -> None:
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
-                                num_threads=num_threads)
+                                num_threads=num_threads, quantization=quantization)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
                                 num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
                                 swap_space_gb=swap_space_gb)

@@ -138,6 +138,9 @@ def convert_gguf(path: Path, out_dir: Path, progress: bool = True) -> Path:
     save_file(tensors, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     _write_tokenizer(path, tmp)
+    from tandem.models.quant import record_source
+
+    record_source(tmp, path)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir

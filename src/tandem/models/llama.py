@@ -28,9 +28,12 @@ class Linear(nn.Module):
 
     def __init__(self, out_features: int, in_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
+        self.out_features, self.in_features, self.dtype = out_features, in_features, dtype
         self.weight = _param(out_features, in_features, dtype=dtype)
         self.bias = _param(out_features, dtype=dtype) if bias else None
         self._packed: torch.Tensor | None = None
+        self.quant = None           # tandem.models.quant.QuantWeight: GGUF blocks for small steps
+        self.quant_ops = None
 
     def prepack(self, release: bool = True) -> bool:
         """Switch to oneDNN prepacked weights if available and numerically equal.
@@ -52,9 +55,21 @@ class Linear(nn.Module):
         return ok
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.quant
+        if q is not None and x.shape[0] <= q.max_rows:
+            return self.forward_quant(x)
+        return self.forward_dense(x)
+
+    def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def forward_quant(self, x: torch.Tensor) -> torch.Tensor:
+        """The weight-only quantized kernel (float32 arithmetic on the GGUF blocks)."""
+        bias = None if self.bias is None else self.bias.float()
+        y = self.quant_ops.quant_linear(x.contiguous().float(), self.quant.data, bias, self.quant.qtype)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class DecoderLayer(nn.Module):

@@ -67,8 +67,23 @@ class CpuKernelOps:
     def silu_and_mul(self, x):
         return self.m.silu_and_mul(x)
 
+    def quant_linear(self, x, w, bias, qtype: int):
+        return self.m.quant_linear(x, w, bias, qtype)
+
     def paged_attention(self, q, k_cache, v_cache, table, seq, pos, block_size: int, scale: float):
         return self.m.paged_attention(q, k_cache, v_cache, table, seq, pos, block_size, scale)
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(line.partition(":")[2].split()))
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
 
 
 def load_cpu_kernels() -> ModuleType | None:
@@ -82,7 +97,9 @@ def load_cpu_kernels() -> ModuleType | None:
     from tandem.models.fetch import cache_dir
 
     src = _SOURCE.read_bytes()
-    key = hashlib.sha256(src + torch.__version__.encode()).hexdigest()[:12]
+    # -march=native: a build is only valid on a CPU with the same instruction set, so the CPU's
+    # flags are part of the key (a cache copied to another machine builds anew, never crashes).
+    key = hashlib.sha256(src + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
     build = cache_dir() / "ext" / f"cpu_ops-{key}"
     build.mkdir(parents=True, exist_ok=True)
     try:

@@ -1,0 +1,144 @@
+"""GGUF weights kept quantized for small batches (weight-only Q4_1 / Q8_0 linear layers on CPU).
+
+A decode step at a few rows streams every weight once and does little arithmetic per byte, so its
+time is the bytes it reads: Q4_1 is 20 bytes per 32 weights, 6.4x fewer than float32. When a model
+comes from a GGUF file, each linear layer whose GGUF tensor is Q4_1 or Q8_0 also keeps those
+blocks (read straight from the file, Q/K rows un-permuted like the converter does) and runs the
+fused kernel `quant_linear` (csrc/cpu_ops.cpp) for steps of up to `max_rows` rows; larger steps
+(prefill chunks, big decode batches) are compute-bound and use the float32 weights. The float32
+weights are exactly the blocks' values (the converter dequantizes the same blocks), so both paths
+compute the same function up to summation order. `max_rows` is measured per weight shape at load
+on this CPU (`choose_max_rows`): the largest row count at which the quantized kernel still wins.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger("tandem.quant")
+QTYPES = {"Q4_1": 0, "Q8_0": 1}
+SOURCE_FILE = "tandem_gguf_source.json"
+_ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class QuantWeight:
+    data: torch.Tensor          # uint8 [N, K / 32 * block bytes]
+    qtype: int                  # QTYPES value
+    in_features: int
+    max_rows: int = 0           # steps of at most this many rows use the quantized kernel
+
+
+def record_source(model_dir: Path, gguf_path: Path) -> None:
+    """Note in a converted model directory which GGUF file it came from."""
+    (model_dir / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf_path.resolve())}))
+
+
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF file a converted directory came from, if it is still there."""
+    marker = model_dir / SOURCE_FILE
+    if marker.is_file():
+        try:
+            path = Path(json.loads(marker.read_text())["gguf"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return path if path.is_file() else None
+    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, DEFAULT_MODEL
+
+    if model_dir.name == DEFAULT_MODEL:      # converted before the marker existed
+        path = model_dir.parent / Path(DEFAULT_GGUF_MEMBER).name
+        return path if path.is_file() else None
+    return None
+
+
+def _blocks(reader, name: str) -> tuple[np.ndarray, int] | None:
+    tensors = {t.name: t for t in reader.tensors}
+    t = tensors.get(name)
+    if t is None or t.tensor_type.name not in QTYPES:
+        return None
+    return np.asarray(t.data), QTYPES[t.tensor_type.name]
+
+
+def attach_gguf(model, gguf_path: Path, ops) -> int:
+    """Give the model's linear layers their GGUF blocks; returns how many layers got them.
+    A fused layer (qkv, gate_up) gets blocks only if all its parts share one supported type."""
+    import gguf
+
+    from tandem.models.gguf_convert import unpermute_qk
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    arch = model.cfg
+    permute = arch.model_type == "llama"
+    count = 0
+
+    def attach(linear, parts: list[tuple[str, int | None]]) -> None:
+        nonlocal count
+        got = [_blocks(reader, name) for name, _ in parts]
+        if any(g is None for g in got) or len({g[1] for g in got}) != 1:
+            return
+        rows = [unpermute_qk(g[0], heads) if heads else g[0] for g, (_, heads) in zip(got, parts)]
+        data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
+        k = linear.in_features
+        if data.shape[0] != linear.out_features or data.shape[1] != k // 32 * (20 if got[0][1] == 0 else 34):
+            return
+        linear.quant = QuantWeight(data, got[0][1], k)
+        linear.quant_ops = ops
+        count += 1
+
+    for i, layer in enumerate(model.layers):
+        p = f"blk.{i}."
+        attach(layer.qkv, [(p + "attn_q.weight", arch.num_heads if permute else None),
+                           (p + "attn_k.weight", arch.num_kv_heads if permute else None),
+                           (p + "attn_v.weight", None)])
+        attach(layer.o, [(p + "attn_output.weight", None)])
+        attach(layer.gate_up, [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)])
+        attach(layer.down, [(p + "ffn_down.weight", None)])
+    head = "output.weight" if not arch.tie_word_embeddings and _blocks(reader, "output.weight") else "token_embd.weight"
+    attach(model.lm_head, [(head, None)])
+    return count
+
+
+def choose_max_rows(model, repeats: int = 3) -> dict[tuple[int, int], int]:
+    """Per weight shape, the largest row count (of a few) at which the quantized kernel beats the
+    float32 path on this CPU; set on every layer of that shape. Each timing runs the shape's layers
+    one after another, as a step does, so the float weights come from memory, not from a cache that
+    one layer timed alone would stay in. Takes about a second."""
+    from tandem.models.llama import Linear
+
+    by_shape: dict[tuple[int, int], list] = {}
+    for m in model.modules():
+        if isinstance(m, Linear) and getattr(m, "quant", None) is not None:
+            by_shape.setdefault((m.out_features, m.in_features), []).append(m)
+    chosen = {}
+    for shape, layers in by_shape.items():
+        best = 0
+        for rows in _ROWS:
+            x = torch.randn(rows, shape[1], dtype=layers[0].dtype)
+            q = _time(lambda: [m.forward_quant(x) for m in layers], repeats)
+            f = _time(lambda: [m.forward_dense(x) for m in layers], repeats)
+            if q < f:
+                best = rows
+            elif rows >= 8:
+                break
+        for m in layers:
+            m.quant.max_rows = best
+        chosen[shape] = best
+    log.info("quantized kernel up to rows per shape: %s", chosen)
+    return chosen
+
+
+def _time(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]

@@ -1,0 +1,106 @@
+"""Weight-only quantized linear layers on GGUF blocks (Q4_1, Q8_0): the kernel against a NumPy
+reference of the format, the layer's choice between the quantized and the float path, and the
+default model served from its own GGUF blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tandem.runner.kernels import load_cpu_kernels
+
+kernels = load_cpu_kernels()
+needs_kernels = pytest.mark.skipif(kernels is None, reason="Tandem's CPU kernels could not be built here")
+
+
+def q4_1_blocks(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random Q4_1 rows (uint8 [n, k/32*20]) and the float32 weights they encode (d * q + m)."""
+    nb = k // 32
+    d = rng.uniform(0.001, 0.05, (n, nb)).astype(np.float16)
+    m = rng.uniform(-0.2, 0.0, (n, nb)).astype(np.float16)
+    q = rng.integers(0, 16, (n, nb, 32), dtype=np.uint8)
+    packed = (q[:, :, :16] | (q[:, :, 16:] << 4)).astype(np.uint8)
+    raw = np.concatenate([d.view(np.uint8).reshape(n, nb, 2), m.view(np.uint8).reshape(n, nb, 2), packed], axis=2)
+    w = d.astype(np.float32)[..., None] * q.astype(np.float32) + m.astype(np.float32)[..., None]
+    return raw.reshape(n, nb * 20), w.reshape(n, k)
+
+
+def q8_0_blocks(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    nb = k // 32
+    d = rng.uniform(0.001, 0.02, (n, nb)).astype(np.float16)
+    q = rng.integers(-128, 128, (n, nb, 32), dtype=np.int8)
+    raw = np.concatenate([d.view(np.uint8).reshape(n, nb, 2), q.view(np.uint8)], axis=2)
+    w = d.astype(np.float32)[..., None] * q.astype(np.float32)
+    return raw.reshape(n, nb * 34), w.reshape(n, k)
+
+
+@needs_kernels
+@pytest.mark.parametrize("qtype,make", [(0, q4_1_blocks), (1, q8_0_blocks)])
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_quant_linear_matches_the_format_reference(qtype, make, rows):
+    rng = np.random.default_rng(qtype * 100 + rows)
+    n, k = 80, 192
+    raw, w = make(rng, n, k)
+    data = torch.from_numpy(raw)
+    assert torch.equal(kernels.quant_dequantize(data, k, qtype), torch.from_numpy(w))   # exact values
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(n)
+    want = x.double() @ torch.from_numpy(w).double().T + bias.double()
+    got = kernels.quant_linear(x, data, bias, qtype)
+    assert got.shape == (rows, n) and torch.allclose(got.double(), want, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(kernels.quant_linear(x, data, None, qtype).double(), want - bias.double(),
+                          rtol=1e-5, atol=1e-4)
+
+
+@needs_kernels
+def test_quant_linear_rejects_bad_shapes_with_a_clear_error():
+    raw, _ = q4_1_blocks(np.random.default_rng(0), 8, 64)
+    with pytest.raises(RuntimeError, match="blocks"):
+        kernels.quant_linear(torch.randn(2, 96), torch.from_numpy(raw), None, 0)
+    with pytest.raises(RuntimeError, match="unsupported block type"):
+        kernels.quant_linear(torch.randn(2, 64), torch.from_numpy(raw), None, 7)
+
+
+@needs_kernels
+def test_linear_uses_the_quantized_kernel_up_to_max_rows():
+    from tandem.models.llama import Linear
+    from tandem.models.quant import QuantWeight
+    from tandem.runner.kernels import CpuKernelOps
+
+    raw, w = q4_1_blocks(np.random.default_rng(5), 64, 128)
+    lin = Linear(64, 128, False, torch.float32)
+    lin.weight.data = torch.from_numpy(w) + 1.0          # a different dense weight tells the paths apart
+    lin.quant, lin.quant_ops = QuantWeight(torch.from_numpy(raw), 0, 128, max_rows=4), CpuKernelOps(kernels)
+    x = torch.randn(4, 128)
+    assert torch.allclose(lin(x), x @ torch.from_numpy(w).T, atol=1e-4)              # quantized
+    x8 = torch.randn(8, 128)
+    assert torch.allclose(lin(x8), x8 @ (torch.from_numpy(w) + 1.0).T, atol=1e-4)    # dense
+
+
+@pytest.mark.slow
+@needs_kernels
+def test_default_model_on_its_gguf_blocks_equals_the_float_model(default_model_dir):
+    """Served from its own Q4_1 / Q8_0 blocks, the default model computes the same function as from
+    the float32 weights (which are those blocks dequantized): greedy tokens agree except at near ties."""
+    from tandem import LLM, SamplingParams
+    from tandem.models.llama import Linear
+    from tandem.workload.prompts import load_prompt_set
+
+    quant = LLM(dtype="float32", progress=False, quantization="gguf")
+    dense = LLM(dtype="float32", progress=False, quantization="none")
+    layers = [m for m in quant.engine.executor.model.modules() if isinstance(m, Linear)]
+    assert all(m.quant is not None for m in layers)
+    for m in layers:                  # whatever this CPU's calibration chose: every step below 64 rows
+        m.quant.max_rows = 64
+    assert all(m.quant is None for m in dense.engine.executor.model.modules() if isinstance(m, Linear))
+    prompts = [quant.tokenizer.apply_chat_template(p.messages) for p in load_prompt_set()[:8]]
+    params = SamplingParams(max_tokens=24, temperature=0, logprobs=2)
+    for p in prompts:
+        a = quant.generate(prompt_token_ids=[p], sampling_params=params)[0]
+        b = dense.generate(prompt_token_ids=[p], sampling_params=params)[0]
+        for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)):
+            if x != y:
+                top = b.outputs[0].logprobs[i].top
+                assert top[0][1] - top[1][1] < 1e-3, f"difference at token {i} without a near tie"
+                break
