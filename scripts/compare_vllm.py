@@ -171,6 +171,33 @@ def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
     return runs
 
 
+def from_raw(a, raw: Path) -> dict:
+    """The figures of the runs whose raw files exist (an interrupted comparison still reports)."""
+    out: dict = {}
+    offline = {}
+    for engine in ("vllm", "tandem"):
+        for t in ("0", "1"):
+            f = raw / f"offline-{engine}-t{t}.json"
+            if f.exists():
+                offline[f"{engine}-t{t}"] = json.loads(f.read_text())["output_tok_s"]
+    if len(offline) == 4:
+        out["offline"] = offline
+    serve = {name: {str(r): [] for r in a.rates} for name in ("vllm", "tandem")}
+    seeds = set()
+    for name in serve:
+        for rate in a.rates:
+            for seed in a.seeds:
+                f = raw / f"serve-{name}-rate{rate:g}-seed{seed}.json"
+                if f.exists():
+                    d = json.loads(f.read_text())
+                    serve[name][str(rate)].append({k: d.get(k) for k, _, _ in SERVE_METRICS}
+                                                  | {"completed": d.get("completed")})
+                    seeds.add(seed)
+    if seeds:
+        out["serve"], out["seeds"] = serve, sorted(seeds)
+    return out
+
+
 def med(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -217,6 +244,8 @@ def main() -> None:
     ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
     ap.add_argument("--tandem-args", default="", help="extra `tandem serve` flags (default: none)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "compare_vllm"))
+    ap.add_argument("--report-only", action="store_true",
+                    help="rebuild compare.json / compare.md from the raw files already in OUT/raw (runs nothing)")
     a = ap.parse_args()
     a.rates = [float(r) for r in a.rates.split(",")]
     a.seeds = [int(s) for s in a.seeds.split(",")]
@@ -240,10 +269,13 @@ def main() -> None:
             "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "offline_prompts": a.offline_prompts,
             "ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args}
     log(f"machine {data['machine']}, dtype {dtype}, vLLM {version}")
-    if "offline" in parts:
-        data["offline"] = run_offline(a, peer, model_dir, dtype, raw)
-    if "serve" in parts:
-        data["serve"] = run_serve(a, peer, model_dir, dtype, raw)
+    if a.report_only:
+        data.update(from_raw(a, raw))
+    else:
+        if "offline" in parts:
+            data["offline"] = run_offline(a, peer, model_dir, dtype, raw)
+        if "serve" in parts:
+            data["serve"] = run_serve(a, peer, model_dir, dtype, raw)
     (out / "compare.json").write_text(json.dumps(data, indent=1))
     table = markdown(data)
     (out / "compare.md").write_text(table)
