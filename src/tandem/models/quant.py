@@ -58,8 +58,7 @@ def gguf_source(model_dir: Path) -> Path | None:
     return None
 
 
-def _blocks(reader, name: str) -> tuple[np.ndarray, int] | None:
-    tensors = {t.name: t for t in reader.tensors}
+def _blocks(tensors: dict, name: str) -> tuple[np.ndarray, int] | None:
     t = tensors.get(name)
     if t is None or t.tensor_type.name not in QTYPES:
         return None
@@ -73,14 +72,14 @@ def attach_gguf(model, gguf_path: Path, ops) -> int:
 
     from tandem.models.gguf_convert import unpermute_qk
 
-    reader = gguf.GGUFReader(str(gguf_path))
+    tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
     arch = model.cfg
     permute = arch.model_type == "llama"
     count = 0
 
     def attach(linear, parts: list[tuple[str, int | None]]) -> None:
         nonlocal count
-        got = [_blocks(reader, name) for name, _ in parts]
+        got = [_blocks(tensors, name) for name, _ in parts]
         if any(g is None for g in got) or len({g[1] for g in got}) != 1:
             return
         rows = [unpermute_qk(g[0], heads) if heads else g[0] for g, (_, heads) in zip(got, parts)]
@@ -100,7 +99,7 @@ def attach_gguf(model, gguf_path: Path, ops) -> int:
         attach(layer.o, [(p + "attn_output.weight", None)])
         attach(layer.gate_up, [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)])
         attach(layer.down, [(p + "ffn_down.weight", None)])
-    head = "output.weight" if not arch.tie_word_embeddings and _blocks(reader, "output.weight") else "token_embd.weight"
+    head = "output.weight" if not arch.tie_word_embeddings and _blocks(tensors, "output.weight") else "token_embd.weight"
     attach(model.lm_head, [(head, None)])
     return count
 

@@ -97,16 +97,6 @@ class Sampler:
                 u[j] = keyed_uniform(r.params.seed, self.stream, r.num_output_tokens)
         return u
 
-    def processed_probs(self, logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor | None:
-        """Probabilities after temperature, top-k and top-p (rows of greedy requests are left as is)."""
-        if all(r.params.greedy for r in rows):
-            return None
-        probs = torch.empty_like(logits)
-        for i, r in enumerate(rows):
-            if not r.params.greedy:
-                probs[i] = warp_probs(logits[i], r.params)
-        return probs
-
     @staticmethod
     def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
         """One token from `probs` [V] (exponential race)."""
