@@ -51,9 +51,9 @@ def make_app(seen: list[dict]) -> FastAPI:
         return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
 
     async def stream(body: dict, chat: bool):
-        if chat:
-            yield _event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
         await asyncio.sleep(TTFT_S)
+        if chat:       # the role goes out with the first token, as vLLM (and Tandem) send it
+            yield _event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
         n = body["max_tokens"]
         for i in range(n):
             if i:
