@@ -58,26 +58,18 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _cpuinfo() -> dict[str, str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in text.split("\n\n")[0].splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    return fields
-
-
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux), else what `platform` knows."""
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+    from tandem.runner.device import cpu_info
+
+    return cpu_info().get("model name") or platform.processor() or platform.machine()
 
 
 def simd_flags() -> list[str]:
     """The vector-instruction flags that decide kernels and dtype (figures differ between them)."""
-    flags = set(_cpuinfo().get("flags", "").split())
+    from tandem.runner.device import cpu_info
+
+    flags = set(cpu_info().get("flags", "").split())
     wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
     return [f for f in wanted if f in flags]
 

@@ -22,6 +22,20 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("model name", "flags", ...); {} where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n")[0]
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in first.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
 def cpu_has_fast_bf16() -> bool:
     """True if this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX); else bf16 is emulated and slow."""
     cpu = getattr(torch._C, "_cpu", None)

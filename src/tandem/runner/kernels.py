@@ -74,18 +74,6 @@ class CpuKernelOps:
         return self.m.paged_attention(q, k_cache, v_cache, table, seq, pos, block_size, scale)
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return " ".join(sorted(line.partition(":")[2].split()))
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
 def load_cpu_kernels() -> ModuleType | None:
     """The compiled kernel module, building it once per source version; None if unavailable."""
     global _module, _tried
@@ -99,7 +87,10 @@ def load_cpu_kernels() -> ModuleType | None:
     src = _SOURCE.read_bytes()
     # -march=native: a build is only valid on a CPU with the same instruction set, so the CPU's
     # flags are part of the key (a cache copied to another machine builds anew, never crashes).
-    key = hashlib.sha256(src + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:12]
+    from tandem.runner.device import cpu_info
+
+    flags = " ".join(sorted(cpu_info().get("flags", "").split()))
+    key = hashlib.sha256(src + torch.__version__.encode() + flags.encode()).hexdigest()[:12]
     build = cache_dir() / "ext" / f"cpu_ops-{key}"
     build.mkdir(parents=True, exist_ok=True)
     try:
