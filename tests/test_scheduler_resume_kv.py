@@ -112,3 +112,20 @@ def test_anti_starvation_serves_the_longest_wait_first():
     resumed.extra["_seq"], fresh.extra["_seq"] = 0, 1
     assert ordering.key(fresh, 200.0) < ordering.key(resumed, 200.0)          # fresh has waited 150 s
     assert ordering.key(resumed, 120.0)[0] == 1 and ordering.key(fresh, 120.0)[0] == 0
+
+
+def test_vllm_like_baseline_queues_a_tool_continuation_as_a_new_arrival():
+    """fcfs-discard is vLLM serving a client that runs the tool itself: the continuation is a new
+    request, queued behind everything that arrived meanwhile. InferCept keeps the original arrival."""
+    from tandem.sched.cost_model import StepCostModel
+    from tandem.sched.policies import make_policy
+
+    resumed, fresh = req("resumed", 8, arrival=0.0), req("fresh", 8, arrival=50.0)
+    resumed.last_resumed = 100.0
+    resumed.extra["_seq"], fresh.extra["_seq"] = 0, 1
+    vllm_like = make_policy("fcfs-discard", 64, StepCostModel()).ordering
+    infercept = make_policy("infercept", 64, StepCostModel()).ordering
+    assert vllm_like.key(fresh, 120.0) < vllm_like.key(resumed, 120.0)
+    assert infercept.key(resumed, 120.0) < infercept.key(fresh, 120.0)
+    never_paused = req("plain", 8, arrival=10.0)
+    assert vllm_like.key(never_paused, 120.0) == infercept.key(never_paused, 120.0) == (10.0, 0)

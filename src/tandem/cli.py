@@ -11,12 +11,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
 
 from tandem.bench.cli_args import add_serve_parser
 from tandem.errors import TandemError
-from tandem.sim.cli_args import add_simulate_parser
+from tandem.sim.cli_args import add_predictor_parser, add_simulate_parser
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -125,6 +127,13 @@ def served_model_name(model: str | None) -> str:
     return path.stem if path.suffix == ".gguf" else path.resolve().name
 
 
+def _prefixes(text: str) -> tuple[str, ...]:
+    names = [n.strip().rstrip(":") for n in text.split(",") if n.strip()]
+    if not names or any(n not in ("tandem", "vllm") for n in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected tandem, vllm or tandem,vllm, got {text!r}")
+    return tuple(n + ":" for n in names)
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from tandem.engine.async_engine import AsyncLLMEngine
     from tandem.server.launch import serve
@@ -139,7 +148,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     llm = built["llm"]
     serve(engine, a.served_model_name or served_model_name(a.model), host=a.host, port=a.port, api_key=a.api_key,
           max_request_bytes=a.max_request_bytes, max_tokens_limit=a.max_tokens_limit,
-          drain_timeout_s=a.drain_timeout, log_level="debug" if a.verbose else "info", tools=llm.tool_registry)
+          drain_timeout_s=a.drain_timeout, log_level="debug" if a.verbose else "info", tools=llm.tool_registry,
+          metrics_prefixes=a.metrics_prefix)
     return 0
 
 
@@ -172,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, models, metrics)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: local only)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on the /v1 routes (as vLLM: /health, /metrics, "
+                        "/version, /tokenize and /detokenize stay public)")
+    s.add_argument("--metrics-prefix", default="tandem,vllm", type=_prefixes, metavar="tandem,vllm",
+                   help="/metrics name prefixes, comma-separated: tandem, vllm (vLLM's dashboards) or both (default)")
     s.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name; 'default' also works)")
     s.add_argument("--max-waiting", type=int, default=256,
@@ -241,11 +255,27 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--slo-ttft", type=float, default=5.0, help="SLO: TTFT bound (s)")
     au.add_argument("--slo-norm-latency", type=float, default=0.25, help="SLO: (e2e - tool time)/token bound (s)")
     au.add_argument("--trace-seed", type=int, default=1)
+    au.add_argument("--predictor", default="train", metavar="train|cold|PATH",
+                    help="Stage I predictor: train on a held-out trace (seed + 1000; default), start cold, "
+                         "or a state from `tandem predictor train`")
     au.add_argument("--json", default=None)
     _model_args(au)
     au.set_defaults(func=cmd_bench_augmented)
     add_simulate_parser(sub)
+    add_predictor_parser(sub)
     return p
+
+
+def _read_predictor(path: str) -> dict | bool:
+    from tandem.sim.predictor import check
+
+    try:
+        state = json.loads(Path(path).read_text())
+        check(state)
+    except (OSError, ValueError) as e:
+        print(f"tandem: error: --predictor {path}: {e}", file=sys.stderr)
+        return False
+    return state
 
 
 def cmd_bench_augmented(a: argparse.Namespace) -> int:
@@ -258,9 +288,12 @@ def cmd_bench_augmented(a: argparse.Namespace) -> int:
         print(f"tandem: error: unknown policies {unknown}; known: {POLICY_NAMES}", file=sys.stderr)
         return 2
     rates = [float(x) for x in a.rates.split(",")]
+    predictor = None if a.predictor == "train" else {} if a.predictor == "cold" else _read_predictor(a.predictor)
+    if predictor is False:
+        return 2
     llm = _make_llm(a, tools=True)
     data = bench_augmented(llm, policies, rates, a.num_requests, a.trace_seed, a.token_scale, a.time_scale,
-                           (a.slo_ttft, a.slo_norm_latency), a.repeats, a.json)
+                           (a.slo_ttft, a.slo_norm_latency), a.repeats, a.json, predictor=predictor)
     print(f"\n{'rate':>6} {'policy':<16} {'eff req/s':>9} {'SLO':>5} {'TTFT p50':>9} {'TTFT p99':>9}")
     for r in rates:
         for p in policies:

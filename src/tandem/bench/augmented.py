@@ -42,10 +42,28 @@ def prompt_ids(tok, req: AugmentedRequest, rng: random.Random) -> list[int]:
     return [rng.choice(words) for _ in range(req.prompt_tokens)]
 
 
+def train_predictor(tok, num_requests: int, seed: int, tokens: float, tool_time: float) -> dict[str, Any]:
+    """AugServe's Stage I predictor trained on a held-out trace (`seed`: keep it off the runs'), its
+    requests built as `run_policy` builds them (the same prompt words, tool keys and scaling)."""
+    from tandem.sim.predictor import calls_of, fit
+    from tandem.types import Request
+
+    rng = random.Random(seed)
+    samples = []
+    for i, req in enumerate(scaled(r, tokens, tool_time) for r in sample_augmented(num_requests, random.Random(seed))):
+        r = Request(f"train-{i}", prompt_ids(tok, req, rng), SamplingParams(max_tokens=req.output_tokens))
+        r.extra["tool_key"] = req.type
+        samples.append((r, req.output_tokens, calls_of(req.segments)))
+    state = fit(samples)
+    state["trained_on"].update(dataset="augmented", seed=seed, builder="engine", token_scale=tokens,
+                               time_scale=tool_time)
+    return state
+
+
 def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], slo: tuple[float, float],
-               seed: int) -> dict[str, Any]:
+               seed: int, trained: dict | None = None) -> dict[str, Any]:
     eng, sched = llm.engine, llm.engine.scheduler
-    sched.set_policy(policy)
+    sched.set_policy(policy, trained=trained)
     rng = random.Random(seed)
     pending = list(trace)
     info: dict[str, tuple[AugmentedRequest, int]] = {}
@@ -102,19 +120,26 @@ def _summary(policy: str, records: list[dict], duration: float, sched, preempt0:
 
 def bench_augmented(llm, policies: list[str], rates: list[float], num_requests: int, seed: int,
                     token_scale: float, time_scale: float, slo: tuple[float, float], repeats: int,
-                    json_path: str | None, log=print) -> dict[str, Any]:
+                    json_path: str | None, log=print, predictor: dict | None = None,
+                    train_requests: int = 2000) -> dict[str, Any]:
+    """`predictor`: a trained state the policies start from; None trains one on a held-out trace
+    (seed + 1000, `train_requests` requests); {} runs them cold."""
+    if predictor is None:
+        predictor = train_predictor(llm.tokenizer, train_requests, seed + 1000, token_scale, time_scale)
+        log(f"Stage I predictor trained on {predictor['trained_on']}")
     results: dict[str, dict[str, list]] = {str(r): {p: [] for p in policies} for r in rates}
     for rep in range(repeats):
         for rate in rates:
             trace = make_trace(num_requests, rate, seed + rep, token_scale, time_scale)
             for p in policies:
-                res = run_policy(llm, p, trace, slo, seed)
+                res = run_policy(llm, p, trace, slo, seed, predictor or None)
                 results[str(rate)][p].append(res)
                 log(f"[{rep + 1}/{repeats}] rate {rate:<5} {p:<16} eff {res['effective_throughput_rps']:.3f} req/s "
                     f"(SLO {res['slo_attainment']:.0%}), TTFT p50 {res['ttft_p50_s']:.2f}s p99 {res['ttft_p99_s']:.2f}s, "
                     f"{res['kv_actions']}")
     data = {"bench": "augmented", "machine": machine_info(), "policies": policies, "rates": rates,
             "num_requests": num_requests, "token_scale": token_scale, "time_scale": time_scale,
-            "slo": {"ttft_s": slo[0], "norm_latency_s_per_token": slo[1]}, "results": results}
+            "slo": {"ttft_s": slo[0], "norm_latency_s_per_token": slo[1]},
+            "predictor": predictor.get("trained_on") if predictor else None, "results": results}
     write_json(json_path, data)
     return data

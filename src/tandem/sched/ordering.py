@@ -29,10 +29,21 @@ class Ordering(Protocol):
 
 
 class FCFS:
+    """First come, first served. With `resubmit_on_resume` (vLLM's behaviour when a client runs a
+    tool and sends the conversation back), a request returning from a tool call queues as a new
+    arrival, at its resume time, behind everything that arrived meanwhile; without it (InferCept,
+    which treats the pause as part of one request), it keeps its original arrival time."""
+
     dynamic = False
 
+    def __init__(self, resubmit_on_resume: bool = False) -> None:
+        self.resubmit_on_resume = resubmit_on_resume
+
     def key(self, request: Request, now: float) -> tuple:
-        return (request.arrival_time, request.extra.get("_seq", 0))
+        since = request.arrival_time
+        if self.resubmit_on_resume and request.last_resumed is not None:
+            since = request.last_resumed
+        return (since, request.extra.get("_seq", 0))
 
 
 def tool_key(request: Request) -> str:

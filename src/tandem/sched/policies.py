@@ -1,7 +1,9 @@
 """Scheduling policies by name, so baselines and AugServe run on the same engine and simulator.
 
-    fcfs / fcfs-discard   FCFS; a paused request's KV is discarded (vLLM treats a tool call as the end)
-    infercept             FCFS + min-waste KV handling during pauses (preserve / swap / discard)
+    fcfs / fcfs-discard   vLLM: a tool call ends the request; its KV is discarded (the prefix cache keeps
+                          what it keeps) and the continuation queues as a new arrival at its resume time
+    infercept             FCFS by original arrival + min-waste KV handling during pauses (preserve /
+                          swap / discard)
     augserve-stage1       Stage I ordering (predicted service time, fixed at arrival) + min-waste
     augserve-stage2       + Stage II live re-ordering with anti-starvation
     augserve              + the dynamic token budget (the full system)
@@ -32,19 +34,25 @@ class SchedulingPolicy:
 
 
 def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swap_s_per_token: float = 5e-6,
-                max_wait_s: float = 30.0, min_budget_tokens: int | None = None) -> SchedulingPolicy:
+                max_wait_s: float = 30.0, min_budget_tokens: int | None = None,
+                trained: dict | None = None) -> SchedulingPolicy:
+    """`trained`: predictor state trained offline (`tandem predictor train`: {"lengths", "tools"});
+    AugServe's policies start from it, InferCept from its tool statistics (InferCept profiles tool
+    durations offline too); without it they start cold. vLLM-like FCFS predicts nothing."""
     if name not in POLICY_NAMES:
         raise ValueError(f"unknown scheduling policy {name!r}; known: {', '.join(POLICY_NAMES)}")
     static = StaticBudget(max_num_batched_tokens)
     if name in ("fcfs", "fcfs-discard"):
-        return SchedulingPolicy(name, FCFS(), static, FixedAction(KVAction.DISCARD))
+        return SchedulingPolicy(name, FCFS(resubmit_on_resume=True), static, FixedAction(KVAction.DISCARD))
+    lengths = OutputLengthPredictor.from_state(trained["lengths"]) if trained else OutputLengthPredictor()
+    tools = ToolStats.from_state(trained["tools"]) if trained else ToolStats()
     min_waste = MinWaste(cost, swap_s_per_token)
     if name == "infercept":
-        return SchedulingPolicy(name, FCFS(), static, min_waste)
-    lengths, tools = OutputLengthPredictor(), ToolStats()
+        return SchedulingPolicy(name, FCFS(), static, min_waste, tools=tools)
     ordering = AugServeOrdering(lengths, tools, stage2=name != "augserve-stage1", max_wait_s=max_wait_s,
                                 decode_token_s=cost.time(1), prefill_token_s=cost.per_token_s)
     budget: TokenBudget = static
     if name == "augserve":
-        budget = DynamicBudget(min_budget_tokens or max(16, max_num_batched_tokens // 8), max_num_batched_tokens)
+        low = min(max_num_batched_tokens, min_budget_tokens or max(16, max_num_batched_tokens // 8))
+        budget = DynamicBudget(low, max_num_batched_tokens)
     return SchedulingPolicy(name, ordering, budget, min_waste, lengths, tools)

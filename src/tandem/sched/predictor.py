@@ -2,9 +2,13 @@
 
 `OutputLengthPredictor` is a ridge regression of log(output tokens) on request features (a bias,
 log prompt length, a hashed bag of the prompt's first tokens, and the request's declared tool set
-or workload type when it has one), refit from its sufficient statistics as requests finish; until it has seen a few requests it predicts a prior. `ToolStats`
-keeps per-tool (or per-workload-type) moving averages of calls per request, call duration and
-returned tokens. Pure Python + numpy; no torch, no clock.
+or workload type when it has one), refit from its sufficient statistics as requests finish; until
+it has seen a few requests it predicts a prior. `ToolStats` keeps per-tool (or per-workload-type)
+moving averages of calls per request, call duration and returned tokens.
+
+Both start cold, or warm from a state trained offline on a held-out trace of the same workload
+family (`state()` / `from_state()`, plain JSON-able dicts; `tandem predictor train` writes one),
+and keep learning online. Pure Python + numpy; no torch, no clock, no files.
 """
 
 from __future__ import annotations
@@ -54,13 +58,32 @@ class OutputLengthPredictor:
         request.extra["_pred_len"] = pred
         return pred
 
-    def observe(self, request: Request, output_tokens: int) -> None:
+    def observe(self, request: Request, output_tokens: int, refit: bool = True) -> None:
         x = features(request)
         self.a += np.outer(x, x)
         self.b += x * math.log(max(1, output_tokens))
         self.n += 1
+        if refit:
+            self.refit()
+
+    def refit(self) -> None:
         if self.n >= self.min_samples:
             self.w = np.linalg.solve(self.a, self.b)
+
+    def state(self) -> dict:
+        """The sufficient statistics (JSON-able): `from_state` rebuilds an identical predictor."""
+        return {"prior_log_tokens": self.prior, "min_samples": self.min_samples, "n": self.n,
+                "a": self.a.tolist(), "b": self.b.tolist()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> OutputLengthPredictor:
+        p = cls(min_samples=int(state["min_samples"]))
+        a, b = np.asarray(state["a"], dtype=float), np.asarray(state["b"], dtype=float)
+        if a.shape != p.a.shape or b.shape != p.b.shape:
+            raise ValueError(f"length predictor state has {b.shape[0]} features, this version uses {p.b.shape[0]}")
+        p.prior, p.a, p.b, p.n = float(state["prior_log_tokens"]), a, b, int(state["n"])
+        p.refit()
+        return p
 
 
 class ToolStats:
@@ -93,3 +116,29 @@ class ToolStats:
 
     def observe_finish(self, key: str, num_calls: int) -> None:
         self._ema(self._calls, key, float(num_calls))
+
+    def state(self) -> dict:
+        return {"alpha": self.alpha, "prior": list(self.prior), "duration_s": dict(self._duration),
+                "return_tokens": dict(self._returned), "calls": dict(self._calls)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> ToolStats:
+        d, r, c = state["prior"]
+        t = cls(alpha=float(state["alpha"]), prior_duration_s=d, prior_return_tokens=r, prior_calls=c)
+        t._duration = {str(k): float(v) for k, v in state["duration_s"].items()}
+        t._returned = {str(k): float(v) for k, v in state["return_tokens"].items()}
+        t._calls = {str(k): float(v) for k, v in state["calls"].items()}
+        return t
+
+
+def kendall_tau(x: list[float], y: list[float]) -> float | None:
+    """Kendall's tau-b between two rankings (ties in either count as neither concordant nor
+    discordant); None with fewer than two pairs or a constant side (the rank correlation is undefined)."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.size < 2:
+        return None
+    iu = np.triu_indices(a.size, 1)
+    da = np.sign(a[:, None] - a[None, :])[iu]
+    db = np.sign(b[:, None] - b[None, :])[iu]
+    denom = math.sqrt(float(np.count_nonzero(da)) * float(np.count_nonzero(db)))
+    return float((da * db).sum() / denom) if denom > 0 else None

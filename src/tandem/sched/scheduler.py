@@ -119,12 +119,14 @@ class Scheduler:
         """Something to compute now (paused requests wait for their tools, not for a step)."""
         return bool(self.running or self.waiting or self.pauses.pending_swap_out)
 
-    def set_policy(self, policy: SchedulingPolicy | str) -> None:
-        """Switch scheduling policies (a name or a built policy) between workloads: needs an idle scheduler."""
+    def set_policy(self, policy: SchedulingPolicy | str, trained: dict | None = None) -> None:
+        """Switch scheduling policies (a name or a built policy) between workloads: needs an idle
+        scheduler. `trained`: predictor state a named policy starts from (see make_policy)."""
         if self.requests:
             raise RuntimeError("set_policy needs an idle scheduler")
         if isinstance(policy, str):
-            policy = make_policy(policy, self.config.max_num_batched_tokens, self.cost, self.swap_s_per_token)
+            policy = make_policy(policy, self.config.max_num_batched_tokens, self.cost, self.swap_s_per_token,
+                                 trained=trained)
         self.policy, self.ordering, self.budget = policy, policy.ordering, policy.budget
         self.pauses = PauseBook(self.kv, policy.pause, policy.tools)
 

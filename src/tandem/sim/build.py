@@ -36,6 +36,7 @@ class SimConfig:
     # scheduler uses its per-tool moving average (the engine's mode for real tools).
     tool_time_hint: str = "oracle"
     seed_step_cost: bool = True
+    predictor: dict | None = None       # trained predictor state the policies start from (make_policy)
 
     def __post_init__(self) -> None:
         if self.tool_time_hint not in TOOL_TIME_HINTS:
@@ -72,7 +73,7 @@ def build_scheduler(cfg: SimConfig, cost: CostModel, deployment: Deployment | No
                         num_host_blocks=dep.num_host_blocks)
     step_cost = seeded_step_cost(cost, cfg.scheduler) if cfg.seed_step_cost else StepCostModel()
     policy = make_policy(cfg.scheduler.policy, cfg.scheduler.max_num_batched_tokens, step_cost,
-                         swap_s_per_token=dep.swap_s_per_token)
+                         swap_s_per_token=dep.swap_s_per_token, trained=cfg.predictor)
     spec_policy = make_length_policy(cfg.spec, step_cost) if cfg.spec is not None else None
     frontiers = make_frontier_chooser(cfg.spec, step_cost) if cfg.spec is not None else None
     return Scheduler(cfg.scheduler, kv, policy, spec_policy=spec_policy,

@@ -3,6 +3,8 @@
     tandem simulate --scenario faser|augserve|FILE [--json PATH] [--plots DIR] [--seed N] [--requests N]
     tandem simulate calibrate [--json PATH] [--quick]       profile this engine on this machine
     tandem simulate speed [--requests N] [--rate R]           the simulator's own speed (events/s)
+    tandem predictor train [--requests N] [--seed S] [--eval-seed E] --json PATH
+                                                              AugServe's Stage I predictor, trained offline
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
                    help="augserve: MODEL@HARDWARE,... (default: llama3-8b and llama2-13b on A100-80GB "
                         "and H100-80GB)")
     s.add_argument("--policies", default=None, help="augserve: scheduling policies to compare")
+    s.add_argument("--predictor", default=None, metavar="PATH",
+                   help="augserve: Stage I predictor state (`tandem predictor train`; default: train on seed + 1)")
     s.set_defaults(func=cmd_simulate)
     ssub = s.add_subparsers(dest="sim_command")
     c = ssub.add_parser("calibrate", help="profile this engine (default model, CPU) into a simulator profile")
@@ -89,6 +93,14 @@ def _run_scenario(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
             opts.deployments = tuple(tuple(d.split("@")) for d in a.deployments.split(","))
         if a.policies:
             opts.policies = tuple(a.policies.split(","))
+        if a.predictor:
+            from tandem.sim.predictor import check
+
+            try:
+                opts.predictor = json.loads(Path(a.predictor).read_text())
+            except OSError as e:
+                raise ValueError(f"cannot read the predictor {a.predictor}: {e.strerror}") from e
+            check(opts.predictor)
         res = run_augserve(opts, _log)
         return res, report.augserve_tables(res)
     from tandem.sim.scenarios.file import run_file
@@ -131,6 +143,43 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         _write(a.profile_json, profile)
     else:
         print(json.dumps(profile, indent=1))
+    return 0
+
+
+def add_predictor_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("predictor", help="AugServe's Stage I predictor (output lengths, tool statistics)")
+    psub = p.add_subparsers(dest="predictor_cmd", required=True)
+    t = psub.add_parser("train", help="train on a held-out trace of the simulator's augmented mixture")
+    t.add_argument("--requests", type=int, default=3000, help="requests in the training trace")
+    t.add_argument("--seed", type=int, default=1, help="the training trace's seed (keep it off the runs' seeds)")
+    t.add_argument("--eval-seed", type=int, default=0, help="report Kendall tau on this seed's trace")
+    t.add_argument("--dataset", default="augmented", help="augmented[:TYPE] or a trace file")
+    t.add_argument("--json", required=True, help="write the predictor state here")
+    t.set_defaults(func=cmd_predictor_train)
+    return p
+
+
+def cmd_predictor_train(a: argparse.Namespace) -> int:
+    from tandem.sim.predictor import evaluate, train
+    from tandem.sim.workload import WorkloadSpec
+
+    if a.seed == a.eval_seed:
+        print("tandem predictor train: error: --seed and --eval-seed must differ (held-out evaluation)",
+              file=sys.stderr)
+        return 2
+    if a.requests < 1:
+        print("tandem predictor train: error: --requests must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        state = train(WorkloadSpec(dataset=a.dataset, num_requests=a.requests), a.seed)
+        state["evaluation"] = evaluate(state, WorkloadSpec(dataset=a.dataset, num_requests=a.requests), a.eval_seed)
+    except ValueError as e:
+        print(f"tandem predictor train: error: {e}", file=sys.stderr)
+        return 2
+    ev = state["evaluation"]
+    tau = "undefined" if ev["kendall_tau"] is None else f"{ev['kendall_tau']:.3f}"
+    print(f"trained on {state['trained_on']}; Kendall tau {tau} on seed {ev['seed']} ({ev['num_requests']} requests)")
+    _write(a.json, state)
     return 0
 
 

@@ -6,8 +6,8 @@ Definitions (seconds throughout; tables print ms):
   tool time the trace's api_time of the calls it made (waiting after a tool returned counts as latency).
 - Throughput over the run (first arrival to last finish): finished requests/s, output tokens/s.
 - SLO attainment: share of all requests that finished and met every bound of the SLO; effective
-  throughput = those requests / the arrival window (first to last arrival), i.e. the offered
-  rate x attainment, so that long tool-call tails do not dilute it.
+  throughput (goodput) = those requests / the run's duration (first arrival to last finish), vLLM's
+  definition, the same as the engine's benchmarks use.
 No I/O, no clock.
 """
 
@@ -123,7 +123,7 @@ def summarize(records: list[RequestRecord], slo: SLO | None = None) -> dict[str,
     if slo is not None:
         good = sum(slo.met(r) for r in records)
         s.update({"slo": slo.as_dict(), "good_requests": good, "slo_attainment": good / max(1, len(records)),
-                  "effective_throughput": good / window})
+                  "effective_throughput": good / duration})
     drafted = sum(r.num_draft_tokens for r in records)
     if drafted:
         steps = sum(r.num_spec_steps for r in records)

@@ -9,6 +9,11 @@ geometric bisections, on the same number of requests as the runs); then every po
 light (0.5x), near (1x) and overloaded (1.5x and 2x) capacity. Reported: effective throughput
 (requests within the SLO per second of arrivals), SLO attainment, TTFT p50/p99, and augserve's
 ratios to fcfs-discard and infercept.
+
+Stage I needs a predictor that has seen the workload family: unless one is given (`predictor`, a
+state from `tandem predictor train`), the scenario trains one on a held-out trace of the same
+mixture (seed + 1, 3,000 requests) and reports its Kendall tau on the runs' own trace (seed).
+AugServe's policies start from it and InferCept from its tool statistics.
 """
 
 from __future__ import annotations
@@ -40,13 +45,32 @@ class AugServeOptions:
     attainment_for_capacity: float = 0.9
     tool_time_hint: str = "predicted"     # the scheduler predicts tool times (as for real tools)
     start_rate: float = 2.0
+    predictor: dict[str, Any] | None = None   # trained predictor state (None: train on seed + 1)
+    predictor_train_requests: int = 3000
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_deployment(model: str, hardware: str, opts: AugServeOptions, log: Log) -> dict[str, Any]:
+def trained_predictor(opts: AugServeOptions, log: Log) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The predictor state the policies start from, and its tau on the runs' trace."""
+    from tandem.sim.predictor import evaluate, train
+
+    state = opts.predictor
+    if state is None:
+        held_out = WorkloadSpec(dataset="augmented", arrival="poisson", num_requests=opts.predictor_train_requests)
+        state = train(held_out, opts.seed + 1)
+    quality = evaluate(state, WorkloadSpec(dataset="augmented", arrival="poisson", num_requests=opts.num_requests),
+                       opts.seed)
+    log(f"Stage I predictor trained on {state['trained_on']}: Kendall tau {quality['kendall_tau']:.3f} "
+        f"on the runs' trace (seed {opts.seed}, {quality['num_requests']} requests)")
+    return state, quality
+
+
+def run_deployment(model: str, hardware: str, opts: AugServeOptions, log: Log,
+                   predictor: dict[str, Any] | None = None) -> dict[str, Any]:
     cost = make_cost_model(hardware, model)
     slo = scale_slo(cost, opts.ttft_slo_s, opts.norm_latency_factor)
-    base = SimConfig(scheduler=default_scheduler(), seed=opts.seed, tool_time_hint=opts.tool_time_hint)
+    base = SimConfig(scheduler=default_scheduler(), seed=opts.seed, tool_time_hint=opts.tool_time_hint,
+                     predictor=predictor)
     wl = WorkloadSpec(dataset="augmented", arrival="poisson")
     log(f"{cost.deployment().description}; SLO {slo.as_dict()}")
     probe = WorkloadSpec(dataset="augmented", arrival="poisson", num_requests=opts.probe_requests)
@@ -108,6 +132,8 @@ def headline(deployments: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_augserve(opts: AugServeOptions, log: Log) -> dict[str, Any]:
-    deps = [run_deployment(m, h, opts, log) for m, h in opts.deployments]
-    return {"scenario": "augserve", "options": {k: v for k, v in opts.__dict__.items() if k != "extra"},
+    state, quality = trained_predictor(opts, log)
+    deps = [run_deployment(m, h, opts, log, state) for m, h in opts.deployments]
+    options = {k: v for k, v in opts.__dict__.items() if k not in ("extra", "predictor")}
+    return {"scenario": "augserve", "options": options, "predictor": {"trained_on": state["trained_on"], **quality},
             "deployments": deps, "headline": headline(deps)}
