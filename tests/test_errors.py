@@ -98,3 +98,18 @@ def test_unsupported_architecture(tiny_llama, tmp_path):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError):
         LLM(model=str(bad), dtype="float32", progress=False)
+
+
+@pytest.mark.parametrize("method", ["fp8", "gptq", "awq"])
+def test_quantized_hf_checkpoint_is_refused_by_name(tiny_llama, tmp_path, method):
+    """A checkpoint with a quantization_config would load its packed weights as plain tensors."""
+    import json
+    import shutil
+
+    bad = tmp_path / method
+    shutil.copytree(tiny_llama, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": method, "bits": 4}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=f"'{method}'-quantized"):
+        LLM(model=str(bad), dtype="float32", progress=False)

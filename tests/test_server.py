@@ -165,7 +165,7 @@ def test_tools_are_rendered_into_the_prompt(served, client, monkeypatch):
 
 def test_client_leaving_mid_stream_aborts_and_frees_kv(served):
     url, engine, app = served
-    before = app.state.tandem.metrics.success.labels(MODEL, "abort")._value.get()
+    before = app.state.tandem.metrics.success.first.labels(MODEL, "abort")._value.get()
     body = {"model": MODEL, "prompt": "Hello world", "max_tokens": 1000, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{url.url}/v1/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
@@ -174,17 +174,17 @@ def test_client_leaving_mid_stream_aborts_and_frees_kv(served):
         assert any(line.startswith("data: {") for line in got)
         assert engine.engine.scheduler.num_running == 1
     assert wait_until(lambda: engine_idle(engine), 10.0)
-    assert app.state.tandem.metrics.success.labels(MODEL, "abort")._value.get() == before + 1
+    assert app.state.tandem.metrics.success.first.labels(MODEL, "abort")._value.get() == before + 1
 
 
 def test_client_leaving_a_non_streamed_request_aborts_it(served):
     url, engine, app = served
-    before = app.state.tandem.metrics.success.labels(MODEL, "abort")._value.get()
+    before = app.state.tandem.metrics.success.first.labels(MODEL, "abort")._value.get()
     body = {"model": MODEL, "prompt": "Hello world", "max_tokens": 1000, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url.url}/v1/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
     assert wait_until(lambda: engine_idle(engine), 10.0)
-    assert app.state.tandem.metrics.success.labels(MODEL, "abort")._value.get() == before + 1
+    assert app.state.tandem.metrics.success.first.labels(MODEL, "abort")._value.get() == before + 1
 
 
 def _metrics(url: str) -> dict[str, float]:

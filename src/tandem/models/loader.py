@@ -23,10 +23,18 @@ def load_arch(model_dir: Path) -> ArchConfig:
     if not cfg_path.is_file():
         raise ModelLoadError(f"{model_dir} has no config.json (not a Hugging Face model directory)")
     try:
-        json.loads(cfg_path.read_text())
+        raw = json.loads(cfg_path.read_text())
         hf = AutoConfig.from_pretrained(str(model_dir))
     except (ValueError, OSError, KeyError) as e:
         raise ModelLoadError(f"cannot read {cfg_path}: {e}") from e
+    quant = raw.get("quantization_config") if isinstance(raw, dict) else None
+    if quant:
+        # FP8, GPTQ, AWQ, bitsandbytes...: the safetensors hold packed weights and scales this loader
+        # would read as plain tensors (or drop): refuse rather than serve garbage.
+        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
+        raise ModelLoadError(f"{model_dir} is a {method!r}-quantized checkpoint (config.json quantization_config), "
+                             "which Tandem cannot run; use the unquantized model, or a GGUF file "
+                             "(Q4_0/Q4_1/Q8_0 run quantized, other types are dequantized at load)")
     return ArchConfig.from_hf(hf)
 
 

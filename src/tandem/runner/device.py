@@ -49,6 +49,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: bf16 on CUDA and on CPUs with native bf16, float32 on other CPUs (where bf16 runs
     ~7-50x slower than float32 because every product is converted in software)."""
     if name != "auto":
+        if name not in _DTYPES:
+            raise ConfigError(f"unknown dtype {name!r}; use auto, {', '.join(_DTYPES)}")
         return _DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

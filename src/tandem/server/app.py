@@ -17,13 +17,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tandem.engine.async_engine import AsyncLLMEngine
 from tandem.server.errors import install_error_handlers
 from tandem.server.logprobs import TokenTexts
-from tandem.server.metrics import ServerMetrics
+from tandem.server.metrics import PREFIXES, ServerMetrics
 from tandem.server.middleware import APIKeyMiddleware, BodyLimitMiddleware, CatchAllMiddleware
 from tandem.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                    CompletionResponse, ErrorResponse, ModelCard, ModelList)
+                                    CompletionResponse, DetokenizeRequest, DetokenizeResponse, ErrorResponse,
+                                    ModelCard, ModelList, TokenizeRequest, TokenizeResponse, VersionResponse)
 from tandem.server.serving_chat import create_chat_completion
 from tandem.server.serving_common import Drain, ServerConfig, ServerState
 from tandem.server.serving_completion import create_completion
+from tandem.server.serving_tokenize import detokenize, tokenize
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
@@ -34,12 +36,13 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
                max_tokens_limit: int = 4096, max_prompt_tokens: int | None = None, max_n: int = 16,
                drain_timeout_s: float = 30.0,
                model_aliases: tuple[str, ...] = ("default",), tool_parser: str = "hermes",
-               tools: Any | None = None, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+               tools: Any | None = None, on_shutdown: Callable[[], None] | None = None,
+               metrics_prefixes: tuple[str, ...] = PREFIXES) -> FastAPI:
     """An OpenAI-compatible app over `async_engine`.
 
     model_name: the served name (`/v1/models`; requests naming another model, other than one of
-    `model_aliases`, get 404). api_key: if set, `Authorization: Bearer <key>` is required on every
-    route but /health. max_request_bytes: larger bodies get 413. body_timeout_s: a body that takes
+    `model_aliases`, get 404). api_key: if set, `Authorization: Bearer <key>` is required on the
+    /v1 routes (as vLLM does: /health, /metrics, /version and the tokenizer routes stay public). max_request_bytes: larger bodies get 413. body_timeout_s: a body that takes
     longer to arrive gets 408 (None: no limit). max_tokens_limit: the largest
     `max_tokens` a request may ask for (400 above). max_prompt_tokens: the longest prompt (default:
     the context length minus one). max_n: most choices per request. drain_timeout_s: how long
@@ -50,12 +53,14 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
     and the response is the final answer; None serves client-side tool calls only. on_shutdown:
     called after the drain (the launcher stops the engine thread there). A request whose `n` (times
     its prompts) exceeds the engine's `max_waiting` gets a 400: it could never be queued whole.
+    metrics_prefixes: the /metrics names' prefixes (default both `tandem:` and vLLM's `vllm:`).
     """
     config = ServerConfig(model_name=model_name, model_aliases=tuple(model_aliases), api_key=api_key,
                           max_request_bytes=max_request_bytes, max_tokens_limit=max_tokens_limit,
                           max_prompt_tokens=max_prompt_tokens, max_n=max_n, drain_timeout_s=drain_timeout_s,
                           tool_parser=tool_parser)
-    state = ServerState(engine=async_engine, config=config, metrics=ServerMetrics(async_engine.stats, model_name),
+    state = ServerState(engine=async_engine, config=config, metrics=ServerMetrics(async_engine.stats, model_name,
+                                                                                         prefixes=metrics_prefixes),
                         token_texts=TokenTexts(async_engine.tokenizer), tools=tools, drain=Drain(drain_timeout_s))
 
     @contextlib.asynccontextmanager
@@ -99,6 +104,20 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         if not _engine_alive(state.engine):
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return JSONResponse({"status": "ok"})
+
+    @app.post("/tokenize", responses={200: {"model": TokenizeResponse}, **_ERRORS})
+    async def tokenize_route(body: TokenizeRequest) -> TokenizeResponse:
+        return await tokenize(state, body)
+
+    @app.post("/detokenize", responses={200: {"model": DetokenizeResponse}, **_ERRORS})
+    async def detokenize_route(body: DetokenizeRequest) -> DetokenizeResponse:
+        return detokenize(state, body)
+
+    @app.get("/version", response_model=VersionResponse)
+    async def version() -> VersionResponse:
+        from tandem import __version__
+
+        return VersionResponse(version=__version__)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:

@@ -1,4 +1,7 @@
-"""Prometheus metrics with vLLM's names and meanings under the `tandem:` prefix.
+"""Prometheus metrics with vLLM's names and meanings, under the `tandem:` prefix and, by default,
+also under `vllm:` (the same series twice), so that dashboards, autoscalers and gateways written
+for vLLM (Grafana boards, llm-d, SGLang's router) read a Tandem server unchanged. `prefixes`
+(`tandem serve --metrics-prefix`) chooses.
 
 Two sources: engine-wide figures (gauges and counters: running / waiting / paused requests, KV
 usage, token counts, preemptions, prefix cache, speculation and tool counters) are read from
@@ -20,6 +23,7 @@ from tandem.engine.llm_engine import EngineStats
 from tandem.outputs import RequestOutput
 
 PREFIX = "tandem:"
+PREFIXES = ("tandem:", "vllm:")
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
@@ -31,9 +35,10 @@ E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15
 class EngineStatsCollector(Collector):
     """Reads the engine's figures at scrape time (gauges and monotonically growing counters)."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str, prefixes: tuple[str, ...] = (PREFIX,)) -> None:
         self.stats = stats
         self.model_name = model_name
+        self.prefixes = prefixes
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
@@ -53,38 +58,63 @@ class EngineStatsCollector(Collector):
                     ("spec_decode_num_accepted_tokens", "Number of accepted tokens.", s.spec_num_accepted_tokens),
                     ("tool_calls", "Number of tool calls executed by the engine.", s.tool_num_calls),
                     ("tool_errors", "Number of tool calls that failed or timed out.", s.tool_num_errors)]
-        for name, doc, value in gauges:
-            g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            g.add_metric([self.model_name], float(value))
-            yield g
-        for name, doc, value in counters:
-            c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
-            c.add_metric([self.model_name], float(value))
-            yield c
+        for prefix in self.prefixes:
+            for name, doc, value in gauges:
+                g = GaugeMetricFamily(prefix + name, doc, labels=["model_name"])
+                g.add_metric([self.model_name], float(value))
+                yield g
+            for name, doc, value in counters:
+                c = CounterMetricFamily(prefix + name, doc, labels=["model_name"])
+                c.add_metric([self.model_name], float(value))
+                yield c
+
+
+class _Each:
+    """One metric under several prefixes: `.labels(...)` returns a child that forwards `inc` and
+    `observe` to each. `first` is the metric under the first prefix (for reads)."""
+
+    def __init__(self, metrics: list) -> None:
+        self.metrics = metrics
+        self.first = metrics[0]
+
+    def labels(self, *values: str) -> _Each:
+        return _Each([m.labels(*values) for m in self.metrics])
+
+    def inc(self, amount: float = 1.0) -> None:
+        for m in self.metrics:
+            m.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for m in self.metrics:
+            m.observe(value)
 
 
 class ServerMetrics:
     """The app's registry, plus the per-request observations the serving code makes."""
 
     def __init__(self, stats: Callable[[], EngineStats], model_name: str,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, prefixes: tuple[str, ...] = PREFIXES) -> None:
+        if not prefixes or len(set(prefixes)) != len(prefixes):
+            raise ValueError(f"metric prefixes must be distinct and at least one, got {prefixes}")
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self.clock = clock
-        self.registry.register(EngineStatsCollector(stats, model_name))
+        self.prefixes = prefixes
+        self.registry.register(EngineStatsCollector(stats, model_name, prefixes))
         labels = ["model_name"]
-        self.success = Counter(PREFIX + "request_success", "Count of successfully processed requests.",
-                               ["model_name", "finished_reason"], registry=self.registry)
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              labels, buckets=TTFT_BUCKETS, registry=self.registry)
-        self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             labels, buckets=ITL_BUCKETS, registry=self.registry)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds",
-                             "Histogram of end to end request latency in seconds.", labels, buckets=E2E_BUCKETS,
-                             registry=self.registry)
-        self.queue = Histogram(PREFIX + "request_queue_time_seconds",
-                               "Histogram of time spent in the WAITING phase for a request.", labels,
-                               buckets=E2E_BUCKETS, registry=self.registry)
+        r = self.registry
+        self.success = _Each([Counter(p + "request_success", "Count of successfully processed requests.",
+                                      ["model_name", "finished_reason"], registry=r) for p in prefixes])
+        self.ttft = _Each([Histogram(p + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                     labels, buckets=TTFT_BUCKETS, registry=r) for p in prefixes])
+        self.itl = _Each([Histogram(p + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                                    labels, buckets=ITL_BUCKETS, registry=r) for p in prefixes])
+        self.e2e = _Each([Histogram(p + "e2e_request_latency_seconds",
+                                    "Histogram of end to end request latency in seconds.", labels,
+                                    buckets=E2E_BUCKETS, registry=r) for p in prefixes])
+        self.queue = _Each([Histogram(p + "request_queue_time_seconds",
+                                      "Histogram of time spent in the WAITING phase for a request.", labels,
+                                      buckets=E2E_BUCKETS, registry=r) for p in prefixes])
         self._last_output_s: dict[str, float] = {}
 
     def observe(self, out: RequestOutput) -> None:

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tandem.server.errors import error_body
 
-PUBLIC_PATHS = frozenset({"/health"})
+GUARDED_PREFIX = "/v1"          # vLLM guards only the OpenAI routes with --api-key
 log = logging.getLogger("tandem.server")
 
 
@@ -76,14 +76,16 @@ def _bearer_token(value: bytes) -> bytes | None:
 
 
 class APIKeyMiddleware:
-    """Requires `Authorization: Bearer <key>` on every HTTP route but /health."""
+    """Requires `Authorization: Bearer <key>` on the OpenAI routes (/v1/...), as vLLM does; /health,
+    /metrics, /version and the tokenizer routes stay public (probes and scrapers carry no key)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in PUBLIC_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not (path == GUARDED_PREFIX or path.startswith(GUARDED_PREFIX + "/")):
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"authorization") or b""

@@ -9,7 +9,7 @@ a boolean, no `true` or `2.0` for an integer (an integer is a fine number, thoug
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 from pydantic_core import PydanticUndefined
@@ -268,3 +268,42 @@ class ErrorInfo(_Response):
 
 class ErrorResponse(_Response):
     error: ErrorInfo
+
+
+# --- tokenizer endpoints (vLLM's /tokenize and /detokenize) ------------------------------------------
+class TokenizeRequest(_Request):
+    """vLLM's /tokenize body: a `prompt` (completion form) or chat `messages` (chat form), not both."""
+
+    model: str | None = None
+    prompt: str | None = None
+    add_special_tokens: bool = True                # completion form: the tokenizer's BOS etc.
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    tools: list[ToolDefinition] | None = None
+    add_generation_prompt: bool = True             # chat form: end with the assistant's turn
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class TokenizeResponse(_Response):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0, le=INT64_MAX)]]
+
+
+class DetokenizeResponse(_Response):
+    prompt: str
+
+
+class VersionResponse(_Response):
+    version: str

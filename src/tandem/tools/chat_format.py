@@ -70,8 +70,9 @@ def template_renders_tools(hf_tokenizer: Any) -> bool:
 
 
 def render_chat(hf_tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                tool_choice: str | dict[str, Any] | None = None) -> str:
-    """The prompt text (special tokens written by the template) ending with the assistant's turn."""
+                tool_choice: str | dict[str, Any] | None = None, add_generation_prompt: bool = True) -> str:
+    """The prompt text (special tokens written by the template), ending with the assistant's turn
+    unless `add_generation_prompt` is False."""
     if getattr(hf_tokenizer, "chat_template", None) is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions", field="messages")
     shown, extra = select_tools(tools, tool_choice)
@@ -83,7 +84,8 @@ def render_chat(hf_tokenizer: Any, messages: list[dict[str, Any]], tools: list[d
         msgs = hermes_messages(messages, shown, extra)
         shown = None
     try:
-        return hf_tokenizer.apply_chat_template(msgs, tools=shown, tokenize=False, add_generation_prompt=True)
+        return hf_tokenizer.apply_chat_template(msgs, tools=shown, tokenize=False,
+                                                add_generation_prompt=add_generation_prompt)
     except Exception as e:   # jinja raises many kinds on messages it does not expect
         raise InvalidRequestError(f"cannot apply the chat template: {e}", field="messages") from e
 
