@@ -1,14 +1,17 @@
 """Fidelity: the simulator, with a profile calibrated here and now, against the real engine (default
 model, CPU) on a small workload: mean TTFT, mean TPOT and output throughput within 15%.
 
-A calibrated profile describes the machine it was measured on, and one shared VM drifts from hour
-to hour (the decode probe has measured 25.8-41 ms per step on this project's 2-core machine, and
-the committed profile's predictions moved by +-16% with it). Step times do not scale uniformly
-with such drift (scaling a profile by the probe ratio made the errors worse), so the test first
-profiles the engine it replays (`tandem simulate calibrate --quick`, about 50 s), then compares:
-what is tested is the simulator's model of a step and its replay of the scheduler, not how fast
-the VM is today. It still drifts within minutes, so a miss is measured once more, afresh. The
-errors are printed (run with -s) and recorded in docs/simulator.md.
+Nothing recorded on another machine is used, and nothing is fitted on the replay that is checked:
+1. the test profiles the engine it replays (`tandem simulate calibrate --quick`: prefill chunks,
+   decode batches, verification and one mixed batch; about 50 s);
+2. a shared VM drifts 10-40% within minutes, so around each replay a short probe of its own
+   (`speed_level`: another seed, other prompt lengths, all at once, a few seconds), once just before
+   and once just after, measures how fast the machine runs now relative to the calibration;
+3. the replayed workload is another one again (Poisson arrivals at 1.5 req/s, chat lengths), and
+   the simulator runs it at the probe's level.
+The errors are the medians of three such rounds; a miss is measured once more, afresh (the VM's
+speed has jumped by a third between back-to-back replays). They are printed (run with -s) and
+recorded in docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -17,12 +20,11 @@ import statistics
 
 import pytest
 
-from tandem.bench.calibrate import StepRecorder, profile_engine
+from tandem.bench.calibrate import profile_engine, speed_level
 from tandem.bench.replay import WallClock, replay
 from tandem.config import SchedulerConfig
 from tandem.sim import SimConfig, WorkloadSpec, build_workload, simulate
 from tandem.sim.cost import CalibratedCost
-from tandem.sim.cost.calibrated import shape_from_sample
 from tandem.sim.metrics import summarize
 
 KINDS = {"chat": {"weight": 1.0, "prompt": [120, 0.6, 24, 400], "output": [40, 0.3, 16, 64]}}
@@ -46,6 +48,33 @@ def errors_of(sim: dict, real: dict) -> dict[str, float]:
             "output_throughput": sim["output_throughput"] / real["output_throughput"] - 1}
 
 
+def measure(engine, cost, profile, requests, attempt: int) -> tuple[dict[str, float], list[float]]:
+    """Three probe + replay rounds; the median errors of the simulator at each round's level, which
+    is the geometric mean of a probe just before and one just after the replay (so drift during
+    the replay is bracketed, and nothing is fitted on the replay itself)."""
+    at_calibration = simulate_with(profile, requests)      # the profile at face value (printed)
+    leveled, levels = [], []
+    for round_ in range(3):
+        seed = 10 * attempt + 2 * round_ + 1
+        before = speed_level(engine, cost, seed=seed)
+        engine.scheduler.kv.reset_prefix_cache()              # each replay computes its prompts afresh
+        real = summarize(replay(engine, requests, WallClock()))
+        after = speed_level(engine, cost, seed=seed + 1)
+        assert real["completed"] == len(requests)
+        level = (before * after) ** 0.5
+        sim = simulate_with(profile, requests, level)
+        assert sim["completed"] == len(requests)
+        leveled.append(errors_of(sim, real))
+        levels.append(level)
+        print(f"\nreal: TTFT {real['ttft_s']['mean'] * 1e3:.0f} ms, TPOT {real['tpot_s']['mean'] * 1e3:.1f} ms, "
+              f"{real['output_throughput']:.1f} tok/s; sim at the probes' level x{level:.2f} (x{before:.2f} before, "
+              f"x{after:.2f} after): TTFT {sim['ttft_s']['mean'] * 1e3:.0f} ms, TPOT {sim['tpot_s']['mean'] * 1e3:.1f} ms, "
+              f"{sim['output_throughput']:.1f} tok/s; errors " +
+              ", ".join(f"{k} {v:+.1%}" for k, v in leveled[-1].items()) + " (at x1.00: " +
+              ", ".join(f"{v:+.1%}" for v in errors_of(at_calibration, real).values()) + ")")
+    return {k: statistics.median(e[k] for e in leveled) for k in leveled[0]}, levels
+
+
 @pytest.mark.slow
 def test_simulator_matches_the_engine_within_15_percent():
     from tandem import LLM
@@ -54,26 +83,11 @@ def test_simulator_matches_the_engine_within_15_percent():
     requests = build_workload(WORKLOAD, seed=0)
     profile = profile_engine(engine, "SmolLM2-135M-Instruct", quick=True, log=lambda _: None)
     cost = CalibratedCost(profile)
-    at_calibration = simulate_with(profile, requests)      # the profile at face value (printed)
-    raw, leveled, levels = [], [], []
-    for _ in range(3):
-        engine.scheduler.kv.reset_prefix_cache()       # each replay computes its prompts afresh
-        with StepRecorder(engine) as recorder:
-            real = summarize(replay(engine, requests, WallClock()))
-        assert real["completed"] == len(requests)
-        # How fast the VM ran during this replay relative to the calibration: the median of the
-        # replay's own steps, measured over predicted from their shapes.
-        level = statistics.median(s["seconds"] / cost.step_time_s(shape_from_sample(s)) for s in recorder.samples)
-        sim = simulate_with(profile, requests, level)
-        assert sim["completed"] == len(requests)
-        raw.append(errors_of(at_calibration, real))
-        leveled.append(errors_of(sim, real))
-        levels.append(level)
-        print(f"\nreal: TTFT {real['ttft_s']['mean'] * 1e3:.0f} ms, TPOT {real['tpot_s']['mean'] * 1e3:.1f} ms, "
-              f"{real['output_throughput']:.1f} tok/s; sim at level x{level:.2f}: TTFT "
-              f"{sim['ttft_s']['mean'] * 1e3:.0f} ms, TPOT {sim['tpot_s']['mean'] * 1e3:.1f} ms, "
-              f"{sim['output_throughput']:.1f} tok/s; errors " +
-              ", ".join(f"{k} {v:+.1%}" for k, v in leveled[-1].items()) + " (at x1.00: " +
-              ", ".join(f"{v:+.1%}" for v in raw[-1].values()) + ")")
-    errors = {k: statistics.median(e[k] for e in leveled) for k in leveled[0]}
-    assert all(abs(e) <= TOLERANCE for e in errors.values()), (errors, levels)
+    # A shared VM's speed can jump by a third between two back-to-back replays (TPOT 92-134 ms
+    # measured so): a miss is measured once more, afresh, before it counts.
+    for attempt in range(2):
+        errors, levels = measure(engine, cost, profile, requests, attempt)
+        if all(abs(e) <= TOLERANCE for e in errors.values()):
+            return
+        print(f"\nattempt {attempt + 1} missed: {errors} at levels {levels}")
+    pytest.fail(f"simulator vs engine beyond {TOLERANCE:.0%}: {errors} (levels {levels})")

@@ -145,6 +145,28 @@ def measure(session: _Session, runner: ModelRunner, quick: bool, log: Log) -> No
     log(f"  mixed done ({len(session.recorder.samples)} steps)")
 
 
+def speed_level(engine: LLMEngine, cost: Any, seed: int = 1) -> float:
+    """How fast `engine` runs now relative to the profile behind `cost` (a CalibratedCost): the
+    median, over the steps of a short probe, of measured over predicted seconds. The probe is its
+    own small workload (6 prompts of 32-300 tokens decoding 12 tokens each, all at once, then one
+    request decoding 16 tokens alone; a few seconds), so a replay measured right after it can be
+    compared with the simulator at this level without fitting anything on that replay."""
+    from tandem.sim.cost.calibrated import shape_from_sample
+
+    if engine.has_unfinished_requests():
+        raise ValueError("speed_level needs an idle engine")
+    try:
+        with StepRecorder(engine) as recorder:
+            session = _Session(engine, recorder, random.Random(seed))
+            session.run([session.prompt(16)], 2, "warmup")
+            session.run([session.prompt(session.rng.randint(32, 300)) for _ in range(6)], 12, "probe-mixed")
+            session.run([session.prompt(64)], 16, "probe-decode")
+    finally:
+        engine.scheduler.kv.reset_prefix_cache()
+    return statistics.median(s["seconds"] / cost.step_time_s(shape_from_sample(s))
+                             for s in recorder.samples if s["phase"] != "warmup")
+
+
 def calibrate(model: str | None = None, quick: bool = False, log: Log = print,
               seed: int = 0) -> dict[str, Any]:
     """Build the engine (default configuration) and return its simulator profile."""
