@@ -218,11 +218,13 @@ def test_tool_workers_cap_live_calls_and_refuse_past_the_abandoned_cap():
     workers = ToolWorkers(max_live=1, max_abandoned=2)
     try:
         hung = workers.submit(release.wait, 60)
+        assert wait_for(hung.running)
         queued = workers.submit(lambda: "second")
         assert workers.num_live == 1 and not queued.running()       # the cap holds the second back
         workers.abandon(hung)                                       # timed out: it stops counting
         assert queued.result(timeout=5) == "second"
         hung2 = workers.submit(release.wait, 60)
+        assert wait_for(hung2.running)                              # (a loaded machine starts threads late)
         workers.abandon(hung2)
         assert workers.num_abandoned == 2 and workers.num_live == 0
         refused = workers.submit(lambda: "third")                   # two hung threads are enough
