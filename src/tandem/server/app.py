@@ -42,8 +42,9 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
 
     model_name: the served name (`/v1/models`; requests naming another model, other than one of
     `model_aliases`, get 404). api_key: if set, `Authorization: Bearer <key>` is required on the
-    /v1 routes (as vLLM does: /health, /metrics, /version and the tokenizer routes stay public). max_request_bytes: larger bodies get 413. body_timeout_s: a body that takes
-    longer to arrive gets 408 (None: no limit). max_tokens_limit: the largest
+    /v1 routes (as vLLM does: /health, /metrics, /version and the tokenizer routes stay public).
+    max_request_bytes: larger bodies get 413. body_timeout_s: a body that takes longer to arrive
+    gets 408 (None: no limit). max_tokens_limit: the largest
     `max_tokens` a request may ask for (400 above). max_prompt_tokens: the longest prompt (default:
     the context length minus one). max_n: most choices per request. drain_timeout_s: how long
     shutdown waits for in-flight requests (counted from `app.state.tandem.drain.begin()`, which the
