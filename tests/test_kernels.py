@@ -46,22 +46,51 @@ def test_silu_and_mul(ops):
     torch.testing.assert_close(ops.silu_and_mul(x), TorchOps.silu_and_mul(x), atol=1e-5, rtol=1e-5)
 
 
-def test_paged_attention_matches_sdpa(ops):
+@pytest.mark.parametrize("heads, kv, d, bs", [
+    (6, 2, 64, 4),      # blocks shorter than the 8-row score pass: the one-row path only
+    (9, 3, 64, 16),     # the default model's shape: 8-row passes plus tails
+    (8, 1, 128, 16),    # two 64-dim chunks in the V pass, 8 query heads per kv head
+    (4, 4, 64, 32),     # no GQA
+    (4, 2, 48, 8),      # head_dim not a multiple of 64: the generic path
+])
+def test_paged_attention_matches_sdpa(ops, heads, kv, d, bs):
     """Queries at arbitrary positions over scattered blocks equal causal SDPA over the gathered context."""
     torch.manual_seed(0)
-    heads, kv, d, bs, nblocks = 6, 2, 64, 4, 40
+    nblocks = 40
+    width = 150 // bs + 1
     kc, vc = torch.randn(kv, nblocks * bs, d), torch.randn(kv, nblocks * bs, d)
-    tables = [torch.randperm(nblocks)[:6].to(torch.int32), torch.randperm(nblocks)[:3].to(torch.int32)]
-    table = torch.zeros(2, 6, dtype=torch.int32)
-    table[0], table[1, :3] = tables[0], tables[1]
-    seq = torch.tensor([0, 0, 0, 1, 1], dtype=torch.int32)
-    pos = torch.tensor([21, 22, 23, 0, 9], dtype=torch.int32)
-    q = torch.randn(5, heads, d)
+    table = torch.zeros(2, width, dtype=torch.int32)
+    table[0] = torch.randperm(nblocks)[:width].to(torch.int32)
+    table[1, :3] = torch.randperm(nblocks)[:3].to(torch.int32)
+    seq = torch.tensor([0, 0, 0, 0, 1, 1], dtype=torch.int32)
+    pos = torch.tensor([21, 22, 23, min(149, width * bs - 1), 0, 3 * bs - 1], dtype=torch.int32)
+    q = torch.randn(len(pos), heads, d)
     got = ops.paged_attention(q, kc, vc, table, seq, pos, bs, d ** -0.5)
-    for i in range(5):
+    for i in range(len(pos)):
         t = int(pos[i]) + 1
         slots = torch.cat([torch.arange(int(b) * bs, int(b) * bs + bs) for b in table[int(seq[i])]])[:t]
         k, v = kc[:, slots], vc[:, slots]                               # [KV, T, D]
         ref = F.scaled_dot_product_attention(q[i].unsqueeze(1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                              enable_gqa=True)[0, :, 0]   # [H, D]
         torch.testing.assert_close(got[i].view(heads, d), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n, k", [(64, 32), (960, 576), (50, 300), (3, 520)])
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 24, 301])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_linear(n, k, m, bias):
+    """The panel-packed float32 kernel equals F.linear for row counts across the 6-row tiles and
+    the L2 row chunks, widths that leave a partial 16-column panel, depths across 256-deep blocks."""
+    torch.manual_seed(0)
+    w, x = torch.randn(n, k), torch.randn(m, k)
+    b = torch.randn(n) if bias else None
+    got = module.packed_linear(x, module.pack_linear(w), b, n)
+    torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+
+
+def test_packed_linear_refuses_a_mismatched_weight():
+    w = module.pack_linear(torch.randn(32, 64))
+    with pytest.raises(RuntimeError, match="not a packed"):
+        module.packed_linear(torch.randn(2, 48), w, None, 32)
+    with pytest.raises(RuntimeError, match="float32"):
+        module.packed_linear(torch.randn(2, 64, dtype=torch.bfloat16), w, None, 32)

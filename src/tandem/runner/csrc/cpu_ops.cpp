@@ -10,6 +10,9 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define TANDEM_AVX2 1
@@ -207,6 +210,123 @@ inline void accumulate_row(float* acc, const float* p, int64_t stride, int64_t g
 // seq: [N] row of `table` for each query; pos: [N] the query's position (it sees 0..pos).
 // Two passes per (query, kv head): scores for the G query heads sharing the kv head, softmax, then
 // a weighted sum of V rows; every K and V row is read once per (query, kv head), in place.
+#ifdef TANDEM_AVX2
+// The sums of eight vectors: [sum(a0), ..., sum(a7)] (a transpose by horizontal adds).
+inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+inline void prefetch_block(const float* p, int64_t floats) {
+  for (int64_t i = 0; i < floats; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
+inline float max_of(const float* x, int64_t n) {
+  int64_t i = 0;
+  __m256 mv = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  float m = _mm_cvtss_f32(m4);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// Blocks are prefetched this many ahead: one block's arithmetic (~100 ns) is shorter than a
+// trip to memory, so one block ahead arrives too late.
+constexpr int64_t kPrefetchBlocks = 4;
+
+inline void prefetch_ahead(const float* base, const int32_t* blocks, int64_t b, int64_t ctx, int64_t bs, int64_t d) {
+  const int64_t nb = (ctx + bs - 1) / bs;
+  for (int64_t a = (b == 0 ? 1 : b + kPrefetchBlocks); a <= std::min(nb - 1, b + kPrefetchBlocks); ++a)
+    prefetch_block(base + static_cast<int64_t>(blocks[a]) * bs * d, std::min(bs, ctx - a * bs) * d);
+}
+
+// One (query, kv head) item of paged attention for float32 K/V and head_dim % 64 == 0, with the
+// accumulators in named registers (GCC spills arrays of __m256 to memory on every iteration).
+// Scores: eight context rows at a time, one vector of eight dot products per pass (no horizontal
+// sum per row). Weighted V sum: per 64 dims, eight accumulators, one broadcast per row. The next
+// block is prefetched while this one is read: paged blocks are scattered, one 4 KB page each at
+// 16 x 64 floats, so the hardware prefetcher cannot follow them.
+void attend_item_f32(float* out, const float* qf, int64_t g_size, const float* kh, const float* vh,
+                     const int32_t* blocks, int64_t ctx, int64_t bs, int64_t d, float scale, float* scores,
+                     float* acc) {
+  const int64_t bf = bs * d;    // floats per block of one head
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
+    const float* kb = kh + static_cast<int64_t>(blocks[b]) * bf;
+    const int64_t len = std::min(bs, ctx - t0);
+    prefetch_ahead(kh, blocks, b, ctx, bs, d);
+    for (int64_t g = 0; g < g_size; ++g) {
+      const float* qg = qf + g * d;
+      float* sg = scores + g * ctx + t0;
+      int64_t o = 0;
+      for (; o + 8 <= len; o += 8) {
+        const float* k0 = kb + o * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int64_t j = 0; j < d; j += 8) {
+          const __m256 qv = _mm256_loadu_ps(qg + j);
+          a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+          a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d + j), a1);
+          a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * d + j), a2);
+          a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * d + j), a3);
+          a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 4 * d + j), a4);
+          a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 5 * d + j), a5);
+          a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 6 * d + j), a6);
+          a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 7 * d + j), a7);
+        }
+        _mm256_storeu_ps(sg + o, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), sv));
+      }
+      for (; o < len; ++o) {
+        const float* kr = kb + o * d;
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t j = 0; j < d; j += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(kr + j), a);
+        sg[o] = hsum8(a) * scale;
+      }
+    }
+  }
+  for (int64_t g = 0; g < g_size; ++g) {
+    float* sg = scores + g * ctx;
+    const float inv = 1.f / exp_sub_sum(sg, ctx, max_of(sg, ctx));
+    const __m256 iv = _mm256_set1_ps(inv);
+    int64_t t = 0;
+    for (; t + 8 <= ctx; t += 8) _mm256_storeu_ps(sg + t, _mm256_mul_ps(_mm256_loadu_ps(sg + t), iv));
+    for (; t < ctx; ++t) sg[t] *= inv;
+  }
+  std::fill(acc, acc + g_size * d, 0.f);
+  for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
+    const float* vb = vh + static_cast<int64_t>(blocks[b]) * bf;
+    const int64_t len = std::min(bs, ctx - t0);
+    prefetch_ahead(vh, blocks, b, ctx, bs, d);
+    for (int64_t g = 0; g < g_size; ++g) {
+      const float* pg = scores + g * ctx + t0;
+      for (int64_t dc = 0; dc < d; dc += 64) {
+        float* ag = acc + g * d + dc;
+        __m256 c0 = _mm256_loadu_ps(ag), c1 = _mm256_loadu_ps(ag + 8), c2 = _mm256_loadu_ps(ag + 16), c3 = _mm256_loadu_ps(ag + 24);
+        __m256 c4 = _mm256_loadu_ps(ag + 32), c5 = _mm256_loadu_ps(ag + 40), c6 = _mm256_loadu_ps(ag + 48), c7 = _mm256_loadu_ps(ag + 56);
+        for (int64_t o = 0; o < len; ++o) {
+          const __m256 p = _mm256_broadcast_ss(pg + o);
+          const float* vr = vb + o * d + dc;
+          c0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr), c0);
+          c1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8), c1);
+          c2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 16), c2);
+          c3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 24), c3);
+          c4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 32), c4);
+          c5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 40), c5);
+          c6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 48), c6);
+          c7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 56), c7);
+        }
+        _mm256_storeu_ps(ag, c0); _mm256_storeu_ps(ag + 8, c1); _mm256_storeu_ps(ag + 16, c2); _mm256_storeu_ps(ag + 24, c3);
+        _mm256_storeu_ps(ag + 32, c4); _mm256_storeu_ps(ag + 40, c5); _mm256_storeu_ps(ag + 48, c6); _mm256_storeu_ps(ag + 56, c7);
+      }
+    }
+  }
+  std::memcpy(out, acc, g_size * d * sizeof(float));
+}
+#endif
+
 template <typename T>
 void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const int32_t* table,
                           const int32_t* seq, const int32_t* pos, int64_t n, int64_t heads, int64_t kv_heads,
@@ -223,6 +343,15 @@ void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const in
         for (int64_t j = 0; j < d; ++j) qf[g * d + j] = f32(q[(i * heads + h * g_size + g) * d + j]);
       const T* kh = kc + h * slots * d;
       const T* vh = vc + h * slots * d;
+#ifdef TANDEM_AVX2
+      if constexpr (std::is_same_v<T, float>) {
+        if (d % 64 == 0) {
+          attend_item_f32(out + (i * heads + h * g_size) * d, qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale,
+                          scores.data(), acc.data());
+          continue;
+        }
+      }
+#endif
       // Walk the context block by block (no division per token).
       for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
         const T* kb = kh + static_cast<int64_t>(blocks[b]) * bs * d;
@@ -378,6 +507,125 @@ void quant_linear_impl(float* y, const float* x, const uint8_t* w, const float* 
   });
 }
 
+// ---- Dense float32 linear layers on packed weights ----------------------------------------------
+// W [N, K] is packed once into panels of 16 output columns: panel p holds W[16p .. 16p+15, :] as
+// [K][16] (zero-padded past N), so the inner loop reads 16 consecutive floats per k. The microkernel
+// keeps a 6x16 tile of y in 12 registers: per k, two loads of W, six broadcasts of x, twelve FMAs.
+// A decode step (a few to a few dozen rows) streams each panel from memory once and reuses it
+// from L1 for every 6-row tile; larger steps walk x in L2-sized row chunks. BLAS sgemm packs the
+// weights on every call, which at these row counts costs more than the arithmetic.
+constexpr int64_t kNR = 16, kMR = 6;
+
+inline int64_t panels_of(int64_t n) { return (n + kNR - 1) / kNR; }
+
+#ifdef TANDEM_AVX2
+// Named accumulators rather than an array: GCC keeps an array of __m256 in memory and stores it
+// every iteration, which made the loop store-bound at a third of the FMA peak.
+template <int MR>
+inline void tile_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* panel, int64_t k,
+                     const float* bias, int64_t cols, bool accumulate, const float* pf, int64_t pf_lines) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx, *x4 = x + 4 * ldx, *x5 = x + 5 * ldx;
+  for (int64_t i = 0; i < k; ++i) {
+    if (i < pf_lines) _mm_prefetch(reinterpret_cast<const char*>(pf + i * kNR), _MM_HINT_T0);
+    const __m256 w0 = _mm256_loadu_ps(panel + i * kNR), w1 = _mm256_loadu_ps(panel + i * kNR + 8);
+    __m256 xv = _mm256_broadcast_ss(x0 + i);
+    c00 = _mm256_fmadd_ps(xv, w0, c00); c01 = _mm256_fmadd_ps(xv, w1, c01);
+    if constexpr (MR > 1) { xv = _mm256_broadcast_ss(x1 + i); c10 = _mm256_fmadd_ps(xv, w0, c10); c11 = _mm256_fmadd_ps(xv, w1, c11); }
+    if constexpr (MR > 2) { xv = _mm256_broadcast_ss(x2 + i); c20 = _mm256_fmadd_ps(xv, w0, c20); c21 = _mm256_fmadd_ps(xv, w1, c21); }
+    if constexpr (MR > 3) { xv = _mm256_broadcast_ss(x3 + i); c30 = _mm256_fmadd_ps(xv, w0, c30); c31 = _mm256_fmadd_ps(xv, w1, c31); }
+    if constexpr (MR > 4) { xv = _mm256_broadcast_ss(x4 + i); c40 = _mm256_fmadd_ps(xv, w0, c40); c41 = _mm256_fmadd_ps(xv, w1, c41); }
+    if constexpr (MR > 5) { xv = _mm256_broadcast_ss(x5 + i); c50 = _mm256_fmadd_ps(xv, w0, c50); c51 = _mm256_fmadd_ps(xv, w1, c51); }
+  }
+  alignas(32) float t[6][kNR];
+  _mm256_store_ps(t[0], c00); _mm256_store_ps(t[0] + 8, c01);
+  _mm256_store_ps(t[1], c10); _mm256_store_ps(t[1] + 8, c11);
+  _mm256_store_ps(t[2], c20); _mm256_store_ps(t[2] + 8, c21);
+  _mm256_store_ps(t[3], c30); _mm256_store_ps(t[3] + 8, c31);
+  _mm256_store_ps(t[4], c40); _mm256_store_ps(t[4] + 8, c41);
+  _mm256_store_ps(t[5], c50); _mm256_store_ps(t[5] + 8, c51);
+  for (int r = 0; r < MR; ++r) {
+    float* yr = y + r * ldy;
+    if (accumulate)
+      for (int64_t j = 0; j < cols; ++j) t[r][j] += yr[j];
+    if (bias != nullptr)
+      for (int64_t j = 0; j < cols; ++j) t[r][j] += bias[j];
+    std::memcpy(yr, t[r], cols * sizeof(float));
+  }
+}
+#endif
+
+template <int MR>
+inline void tile_f32_scalar(float* y, int64_t ldy, const float* x, int64_t ldx, const float* panel, int64_t k,
+                            const float* bias, int64_t cols, bool accumulate, const float*, int64_t) {
+  float acc[MR][kNR] = {};
+  for (int64_t i = 0; i < k; ++i)
+    for (int r = 0; r < MR; ++r) {
+      const float xv = x[r * ldx + i];
+#pragma omp simd
+      for (int j = 0; j < kNR; ++j) acc[r][j] += xv * panel[i * kNR + j];
+    }
+  for (int r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < cols; ++j)
+      y[r * ldy + j] = acc[r][j] + (accumulate ? y[r * ldy + j] : 0.f) + (bias != nullptr ? bias[j] : 0.f);
+}
+
+template <int MR>
+inline void tile(float* y, int64_t ldy, const float* x, int64_t ldx, const float* panel, int64_t k,
+                 const float* bias, int64_t cols, bool accumulate, const float* pf, int64_t pf_lines) {
+#ifdef TANDEM_AVX2
+  tile_f32<MR>(y, ldy, x, ldx, panel, k, bias, cols, accumulate, pf, pf_lines);
+#else
+  tile_f32_scalar<MR>(y, ldy, x, ldx, panel, k, bias, cols, accumulate, pf, pf_lines);
+#endif
+}
+
+inline void tile_rows(int64_t rows, float* y, int64_t ldy, const float* x, int64_t ldx, const float* panel, int64_t k,
+                      const float* bias, int64_t cols, bool accumulate, const float* pf, int64_t pf_lines) {
+  switch (rows) {
+    case 6: tile<6>(y, ldy, x, ldx, panel, k, bias, cols, accumulate, pf, pf_lines); break;
+    case 5: tile<5>(y, ldy, x, ldx, panel, k, bias, cols, accumulate, pf, pf_lines); break;
+    case 4: tile<4>(y, ldy, x, ldx, panel, k, bias, cols, accumulate, pf, pf_lines); break;
+    case 3: tile<3>(y, ldy, x, ldx, panel, k, bias, cols, accumulate, pf, pf_lines); break;
+    case 2: tile<2>(y, ldy, x, ldx, panel, k, bias, cols, accumulate, pf, pf_lines); break;
+    default: tile<1>(y, ldy, x, ldx, panel, k, bias, cols, accumulate, pf, pf_lines); break;
+  }
+}
+
+// Loop nest, outermost first: row chunks of x that fit L2; panels (split over threads); K blocks
+// of kKC, so a panel's block (16 KB) stays in L1 while every 6-row tile of the chunk passes over
+// it; the tiles. A tile after the first K block adds to the partial sums in y; the last adds bias.
+constexpr int64_t kKC = 256;
+
+void packed_linear_impl(float* y, const float* x, const float* w, const float* bias, int64_t m, int64_t n, int64_t k) {
+  const int64_t np = panels_of(n);
+  const int64_t mc = std::max<int64_t>(kMR, (256 * 1024 / (k * 4)) / kMR * kMR);
+  for (int64_t m0 = 0; m0 < m; m0 += mc) {
+    const int64_t m1 = std::min(m, m0 + mc);
+    at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const float* panel = w + p * k * kNR;
+        const int64_t c0 = p * kNR, cols = std::min(kNR, n - c0);
+        for (int64_t k0 = 0; k0 < k; k0 += kKC) {
+          const int64_t kb = std::min(kKC, k - k0);
+          const float* b = (bias != nullptr && k0 + kb == k) ? bias + c0 : nullptr;
+          // The tiles share out the prefetch of the next block (this panel's or the next one's,
+          // which follows it in memory) into L1, so its stream from memory overlaps the arithmetic.
+          const int64_t tiles = (m1 - m0 + kMR - 1) / kMR;
+          const int64_t next_lines = (k0 + kb < k || p + 1 < end) ? std::min(kKC, k0 + kb < k ? k - k0 - kb : k) : 0;
+          const int64_t share = (next_lines + tiles - 1) / tiles;
+          for (int64_t t = 0, r = m0; r < m1; ++t, r += kMR) {
+            const int64_t first = std::min(next_lines, t * share);
+            tile_rows(std::min(kMR, m1 - r), y + r * n + c0, n, x + r * k + k0, k, panel + k0 * kNR, kb, b, cols, k0 > 0,
+                      panel + (k0 + kb + first) * kNR, std::min(share, next_lines - first));
+          }
+        }
+      }
+    });
+  }
+}
+
 void check(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
@@ -472,10 +720,64 @@ torch::Tensor quant_dequantize(torch::Tensor w, int64_t k, int64_t qtype) {
   return out;
 }
 
+// Ask for transparent huge pages on a large, not yet touched tensor (Linux, THP in "madvise" mode):
+// a decode step streams every weight once, and with 4 KB pages the hardware prefetcher stops at
+// each page boundary and the TLB misses every 4 KB. A no-op where unsupported.
+void advise_huge_pages(const torch::Tensor& t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t huge = 2u << 20;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const uintptr_t end = begin + t.numel() * t.element_size();
+  const uintptr_t a = (begin + huge - 1) & ~(huge - 1), b = end & ~(huge - 1);
+  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
+#endif
+}
+
+// w: float32 [N, K] -> panels [ceil(N/16), K, 16] for packed_linear.
+torch::Tensor pack_linear(torch::Tensor w) {
+  check(w, "w");
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2, "pack_linear: w must be float32 [N, K]");
+  const int64_t n = w.size(0), k = w.size(1), np = panels_of(n);
+  auto out = torch::empty({np, k, kNR}, w.options());
+  advise_huge_pages(out);
+  out.zero_();
+  const float* src = w.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, np, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t j = 0; j < kNR && p * kNR + j < n; ++j) {
+        const float* row = src + (p * kNR + j) * k;
+        float* col = dst + p * k * kNR + j;
+        for (int64_t i = 0; i < k; ++i) col[i * kNR] = row[i];
+      }
+  });
+  return out;
+}
+
+// y = x W^T (+ bias), W packed by pack_linear; x: float32 [..., K]; n: W's rows.
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n) {
+  check(x, "x");
+  check(w, "w");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "packed_linear: float32 only");
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
+  TORCH_CHECK(w.dim() == 3 && w.size(0) == panels_of(n) && w.size(1) == k && w.size(2) == kNR,
+              "packed_linear: w is not a packed [", n, ", ", k, "] weight");
+  const float* bp = nullptr;
+  if (bias.has_value()) { check(*bias, "bias"); TORCH_CHECK(bias->numel() == n, "packed_linear: bias size"); bp = bias->data_ptr<float>(); }
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  auto y = torch::empty(sizes, x.options());
+  if (m > 0) packed_linear_impl(y.data_ptr<float>(), x.data_ptr<float>(), w.data_ptr<float>(), bp, m, n, k);
+  return y;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += delta (optional); return rms_norm(x) * w");
   m.def("rope_", &rope_, "in-place rotate-half RoPE on the first num_heads heads of each row");
   m.def("silu_and_mul", &silu_and_mul, "silu(x[..., :F]) * x[..., F:]");
+  m.def("advise_huge_pages", &advise_huge_pages, "ask the kernel for transparent huge pages under a fresh tensor");
+  m.def("pack_linear", &pack_linear, "float32 [N, K] weights -> [N/16, K, 16] panels for packed_linear");
+  m.def("packed_linear", &packed_linear, "x @ W^T (+ bias) with W packed by pack_linear");
   m.def("quant_linear", &quant_linear, "x @ W^T (+ bias) with W in GGML Q4_1 / Q8_0 blocks");
   m.def("quant_dequantize", &quant_dequantize, "float32 weights of GGML Q4_1 / Q8_0 blocks");
   m.def("paged_attention", &paged_attention, "attention over paged K/V for queries at given positions");
