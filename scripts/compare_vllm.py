@@ -103,18 +103,24 @@ def offline_requests(model_dir: Path, n: int, seed: int, path: Path) -> None:
     path.write_text(json.dumps(reqs))
 
 
+def offline_run(a, peer: Path, engine: str, python: Path, model_dir: Path, dtype: str, reqs: Path, out: Path,
+                extra: list[str]) -> None:
+    """scripts/offline_run.py under `engine`'s interpreter (vLLM's with its environment)."""
+    subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
+                    "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
+                    "--repeats", str(a.offline_repeats), "--vllm-memory-fraction", str(a.vllm_memory_fraction),
+                    "--json", str(out)] + extra, check=True, stdout=sys.stdout, stderr=subprocess.DEVNULL,
+                   env=vllm_env(a, peer) if engine == "vllm" else None)
+
+
 def run_offline(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
     reqs = raw / "offline_requests.json"
     offline_requests(model_dir, a.offline_prompts, 0, reqs)
     results = {}
     for engine, python in (("vllm", peer / "bin" / "python"), ("tandem", Path(sys.executable))):
         log(f"offline {engine}, greedy then temperature 1")
-        subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
-                        "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
-                        "--temperature", "0,1", "--repeats", str(a.offline_repeats),
-                        "--vllm-memory-fraction", str(a.vllm_memory_fraction),
-                        "--json", str(raw / f"offline-{engine}-t{{t}}.json")], check=True, stdout=sys.stdout,
-                       stderr=subprocess.DEVNULL, env=vllm_env(a, peer) if engine == "vllm" else None)
+        offline_run(a, peer, engine, python, model_dir, dtype, reqs, raw / f"offline-{engine}-t{{t}}.json",
+                    ["--temperature", "0,1"])
         for t in ("0", "1"):
             results[f"{engine}-t{t}"] = json.loads((raw / f"offline-{engine}-t{t}.json").read_text())["output_tok_s"]
     return results
@@ -148,12 +154,8 @@ def run_prompts(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
             tag = f"{engine}{'-ngram' if ngram else ''}"
             out = raw / f"prompts-{tag}.json"
             log(f"prompt set {tag}: one at a time, then all at once")
-            subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
-                            "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
-                            "--modes", "sequential,batch", "--stop-at-eos", "--repeats", str(a.offline_repeats),
-                            "--vllm-memory-fraction", str(a.vllm_memory_fraction), "--json", str(out)]
-                           + (["--ngram"] if ngram else []), check=True, stdout=sys.stdout, stderr=subprocess.DEVNULL,
-                           env=vllm_env(a, peer) if engine == "vllm" else None)
+            offline_run(a, peer, engine, python, model_dir, dtype, reqs, out,
+                        ["--modes", "sequential,batch", "--stop-at-eos"] + (["--ngram"] if ngram else []))
             d = json.loads(out.read_text())
             results[tag] = {m: d[m]["output_tok_s"] for m in ("sequential", "batch")}
     return results

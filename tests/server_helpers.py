@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 import uvicorn
 
 from tandem import LLM
@@ -51,6 +52,18 @@ def long_context_copy(model_dir: Path, out: Path, max_positions: int = 2048) -> 
 def tiny_engine(model_dir: Path, max_waiting: int = 64) -> AsyncLLMEngine:
     llm = LLM(model=str(model_dir), dtype="float32", progress=False, max_num_seqs=16)
     return AsyncLLMEngine(llm.engine, max_waiting=max_waiting)
+
+
+def module_engine(name: str = "engine"):
+    """A module-scoped fixture `name`: a tiny engine on the session's tiny Llama, shut down after
+    the module (each module gets its own, so no test sees another module's traffic)."""
+    @pytest.fixture(scope="module", name=name)
+    def fixture(tiny_llama):
+        eng = tiny_engine(tiny_llama)
+        yield eng
+        eng.shutdown()
+
+    return fixture
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:

@@ -158,3 +158,101 @@ def test_metrics_are_filled(llm):
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
     assert m.num_prompt_tokens == len(PROMPT) and m.num_output_tokens == 4
     assert math.isfinite(m.ttft) and m.e2e_latency >= m.ttft
+
+
+# --- penalties, logit bias, min_p (vLLM's sampling fields) ---------------------------------------
+def _row(params, history=(), n_out=0, rid="r"):
+    from tandem.runner.sampler import SampleRow
+
+    return SampleRow(rid, params, n_out, frozenset(), list(history))
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_greedy_with_repetition_penalty_matches_transformers(llm, tiny_llama, penalty):
+    """HF's RepetitionPenaltyLogitsProcessor is vLLM's definition (prompt and output tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_llama), dtype=torch.float32).eval()
+    ref = hf.generate(torch.tensor([PROMPT]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                      repetition_penalty=penalty)
+    out = gen(llm, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, repetition_penalty=penalty))[0]
+    assert out.token_ids == ref[0, len(PROMPT):].tolist()
+    plain = gen(llm, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))[0]
+    assert out.token_ids != plain.token_ids            # the penalty changed something on this model
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    from tandem.runner.sampler import apply_adjustments
+
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0]])
+    got = apply_adjustments(logits, [_row(SamplingParams(repetition_penalty=2.0), history=[0, 1])])
+    assert got.tolist() == [[1.0, -4.0, 1.0, -1.0]]
+    assert logits.tolist() == [[2.0, -2.0, 1.0, -1.0]]              # the input is not modified
+
+
+def test_frequency_and_presence_penalties_count_output_tokens_only():
+    from tandem.runner.sampler import apply_adjustments
+
+    params = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
+    # history: prompt [1, 2], output [2, 3, 3]
+    got = apply_adjustments(torch.zeros(1, 5), [_row(params, history=[1, 2, 2, 3, 3], n_out=3)])
+    assert got.tolist() == [[0.0, 0.0, -0.75, -1.25, 0.0]]
+
+
+def test_logit_bias_steers_greedy_and_rows_are_independent():
+    from tandem.runner.sampler import Sampler
+
+    sampler = Sampler(torch.device("cpu"))
+    logits = torch.tensor([[0.0, 5.0, 1.0], [0.0, 5.0, 1.0]])
+    rows = [_row(SamplingParams(temperature=0, logit_bias={2: 10}), rid="a"),
+            _row(SamplingParams(temperature=0), rid="b")]
+    tokens, _ = sampler.sample(logits, rows)
+    assert tokens == [2, 1]
+    tokens, _ = sampler.sample(logits[:1], [_row(SamplingParams(temperature=1.0, logit_bias={1: -100, 2: -100}))])
+    assert tokens == [0]
+
+
+def test_min_p_never_samples_unlikely_tokens():
+    from tandem.runner.sampler import batched_probs
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
+    probs = batched_probs(logits, [SamplingParams(min_p=0.3)])      # keeps p >= 0.15
+    assert probs[0, 2:].tolist() == [0.0, 0.0]
+    torch.testing.assert_close(probs[0, :2], torch.tensor([0.625, 0.375]))
+    torch.testing.assert_close(warp_probs(logits[0], SamplingParams(min_p=0.3)), probs[0])
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"min_p": -0.1}, "min_p"),
+    ({"logit_bias": {-1: 1.0}}, "logit_bias"), ({"logit_bias": {3: 1e3}}, "logit_bias"),
+    ({"logit_bias": {3: True}}, "logit_bias"),
+])
+def test_bad_adjustments_are_refused(fields, field):
+    from tandem import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(**fields)
+    assert e.value.field == field
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused(llm):
+    from tandem import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        gen(llm, SamplingParams(logit_bias={10**6: 1.0}))
+
+
+def test_penalised_requests_decode_without_speculation(tiny_loopy):
+    """With n-gram speculation on, a penalised request drafts nothing and its greedy output equals
+    the same request's without speculation; an unpenalised one in the same batch still drafts."""
+    spec = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative="ngram")
+    plain = LLM(model=str(tiny_loopy), dtype="float32", progress=False)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.2,
+                            frequency_penalty=0.3)
+    got = spec.generate(prompt_token_ids=[PROMPT, PROMPT], sampling_params=[
+        params, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)])
+    ref = plain.generate(prompt_token_ids=[PROMPT], sampling_params=params)[0]
+    assert got[0].token_ids == ref.token_ids
+    assert got[0].metrics.extra.get("spec", {}).get("num_draft_tokens", 0) == 0
+    assert got[1].metrics.extra.get("spec", {}).get("num_draft_tokens", 0) > 0

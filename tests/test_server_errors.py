@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 import pytest
-from server_helpers import LiveServer, engine_idle, tiny_engine, wait_until
+from server_helpers import LiveServer, engine_idle, module_engine, wait_until
 
 from tandem.server import create_app
 
@@ -17,11 +17,7 @@ COMP = "/v1/completions"
 USER = [{"role": "user", "content": "Hello"}]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    eng = tiny_engine(tiny_llama)
-    yield eng
-    eng.shutdown()
+engine = module_engine("engine")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +62,12 @@ BAD_400 = [
                 tool_choice={"type": "function", "function": {"name": "g"}}), "tool_choice", "'g'"),
     (CHAT, chat(stop=[""]), "stop", "non-empty"),
     (CHAT, chat(seed=2**70), "seed", "less than or equal"),
-    (CHAT, chat(presence_penalty=1.0), "presence_penalty", "not supported"),
+    (CHAT, chat(presence_penalty=2.5), "presence_penalty", "less than or equal"),
+    (CHAT, chat(repetition_penalty=0), "repetition_penalty", "greater than"),
+    (CHAT, chat(min_p=1.5), "min_p", "less than or equal"),
+    (CHAT, chat(logit_bias={"99999": 1}), "logit_bias", "outside the vocabulary"),
+    (CHAT, chat(logit_bias={"5": 101}), "logit_bias", "[-100, 100]"),
+    (CHAT, chat(logit_bias={"x": 1}), "logit_bias", "token ids"),
     (CHAT, chat(min_tokens=10), "min_tokens", "min_tokens"),
     (CHAT, chat(top_k=-5), "top_k", "top_k"),
     (CHAT, chat(stream="maybe"), "stream", "boolean"),

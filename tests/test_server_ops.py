@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_helpers import LiveServer, tiny_engine
+from server_helpers import LiveServer, module_engine
 
 import tandem
 from tandem.server import create_app
@@ -19,11 +19,7 @@ from tandem.server import create_app
 MODEL = "tiny"
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    eng = tiny_engine(tiny_llama)
-    yield eng
-    eng.shutdown()
+engine = module_engine("engine")
 
 
 @pytest.fixture(scope="module")

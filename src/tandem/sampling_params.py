@@ -24,6 +24,14 @@ class SamplingParams:
     matched on the detokenized text and removed from it. `logprobs=n` returns the sampled token's
     log-probability and the top-n alternatives, computed from the model's raw distribution (before
     temperature / top-k / top-p).
+
+    Logit adjustments, applied before temperature in vLLM's order: `logit_bias` adds to the given
+    token ids' logits (OpenAI's -100..100); `repetition_penalty` (> 0, 1 = off) divides positive
+    and multiplies negative logits of every token seen so far, prompt included; `frequency_penalty`
+    and `presence_penalty` (-2..2) subtract count x frequency and presence of each token in the
+    output so far. `min_p` (0..1) drops tokens less likely than min_p times the most likely one,
+    after temperature. Requests with penalties or a logit bias decode without speculation (the
+    drafts' verification sees raw logits); min_p is applied in verification too.
     """
 
     max_tokens: int = 16
@@ -38,6 +46,11 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -60,12 +73,47 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                "stop_token_ids must be non-negative integers")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(isinstance(v, (int, float)) and -2.0 <= v <= 2.0, name, f"{name} must be in [-2, 2], got {v!r}")
+        _check(isinstance(self.repetition_penalty, (int, float)) and 0.0 < self.repetition_penalty <= 1e4,
+               "repetition_penalty", f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        _check(isinstance(self.min_p, (int, float)) and 0.0 <= self.min_p <= 1.0, "min_p",
+               f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.logit_bias:
+            _check(isinstance(self.logit_bias, dict) and all(
+                _is_token_id(k) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                for k, v in self.logit_bias.items()),
+                "logit_bias", "logit_bias must map token ids (non-negative integers) to numbers")
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            bad = [v for v in self.logit_bias.values() if not -100.0 <= v <= 100.0]
+            _check(not bad, "logit_bias", f"logit_bias values must be in [-100, 100], got {bad[:1]}")
+        else:
+            self.logit_bias = None
         _check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64), "seed",
                "seed must be an integer in [-2**63, 2**64)")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def speculation_ok(self) -> bool:
+        """False when the next token's distribution depends on adjustments that speculative
+        verification does not apply (penalties, logit bias): such requests decode one token a step."""
+        return not self.has_penalties and not self.logit_bias
+
+
+def _is_token_id(k) -> bool:
+    if isinstance(k, bool):
+        return False
+    if isinstance(k, int):
+        return k >= 0
+    return isinstance(k, str) and k.isdigit()       # JSON object keys arrive as strings
 
 
 def _check(ok: bool, field_name: str, message: str) -> None:

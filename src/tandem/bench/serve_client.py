@@ -186,7 +186,7 @@ async def run_item(client: httpx.AsyncClient, target: Target, item: WorkItem, in
         _absorb(rec, res, first=k == 0)
         if not res.ok:
             return _finish(rec, sent, success=False)
-        if seg is not None and (seg.api_time_s > 0 or seg.return_tokens > 0) and k < len(segments) - 1:
+        if seg is not None and seg.has_call and k < len(segments) - 1:
             await asyncio.sleep(seg.api_time_s)
             rec.num_tool_calls += 1
             rec.tool_time_s += seg.api_time_s

@@ -90,6 +90,9 @@ class LLMEngine:
         """Token ids of a valid request, or InvalidRequestError naming the problem."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling_params must be a SamplingParams", field="sampling_params")
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise InvalidRequestError(f"logit_bias token id {max(params.logit_bias)} is outside the vocabulary "
+                                      f"[0, {self.vocab_size})", field="logit_bias")
         if prompt_token_ids is None:
             if not isinstance(prompt, str):
                 raise InvalidRequestError("prompt must be a string", field="prompt")

@@ -82,7 +82,8 @@ class ModelRunner:
         if not chosen:
             return
         idx = torch.tensor([o for _, o in chosen], dtype=torch.long, device=self.device)
-        rows = [SampleRow(s.request_id, s.sampling_params, s.num_output_tokens, s.stop_token_ids) for s, _ in chosen]
+        rows = [SampleRow(s.request_id, s.sampling_params, s.num_output_tokens, s.stop_token_ids, s.history)
+                for s, _ in chosen]
         tokens, logprobs = self.sampler.sample(logits.index_select(0, idx), rows)
         for (s, _), tok, lp in zip(chosen, tokens, logprobs):
             result.sampled_token_ids[s.request_id] = [tok]

@@ -1,4 +1,5 @@
-"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, min_tokens, logprobs.
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, penalties, logit bias, per-request
+seeds, min_tokens, logprobs.
 
 A step's sampled tokens are drawn together by inverse CDF: one uniform per row, the first token
 whose cumulative probability reaches it. A request with a seed takes its uniform from a hash of
@@ -6,11 +7,13 @@ whose cumulative probability reaches it. A request with a seed takes its uniform
 Speculative verification and model drafters draw single tokens by the exponential race
 (argmax(p / E), E ~ Exp(1)), from the request's own generator.
 Logprobs are those of the model's raw distribution (before temperature, top-k and top-p), as vLLM
-reports them by default.
+reports them by default. Logit bias and the repetition, frequency and presence penalties adjust the
+raw logits first (vLLM's order), for greedy and sampled rows alike; only rows that ask pay for them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +28,7 @@ class SampleRow:
     params: SamplingParams
     num_output_tokens: int
     stop_token_ids: frozenset[int]
+    history: Sequence[int] = ()      # the request's tokens so far (prompt, then output), for penalties
 
 
 class Sampler:
@@ -75,7 +79,7 @@ class Sampler:
         lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         if lp_rows:
             raw_logprobs = torch.log_softmax(logits.index_select(0, _index(lp_rows, logits.device)), dim=-1)
-        logits = apply_min_tokens(logits, rows)
+        logits = apply_adjustments(apply_min_tokens(logits, rows), rows)
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
         if sampled:
@@ -118,13 +122,15 @@ def keyed_uniform(*parts: int) -> float:
 
 
 def batched_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """[M, V] logits -> [M, V] probabilities after each row's temperature, top-k and top-p.
+    """[M, V] logits -> [M, V] probabilities after each row's temperature, min-p, top-k and top-p.
 
     Same rules as `warp_probs`, as tensor ops over all rows: top-k takes one `topk` at the largest k
     asked; top-p sorts only the rows that ask for it (a full-vocabulary sort is the costly part)."""
     dev, vocab = logits.device, logits.shape[-1]
     temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=dev)
     logits = logits / temps.unsqueeze(1)
+    if any(p.min_p > 0 for p in params):
+        logits = apply_min_p(logits, torch.tensor([p.min_p for p in params], dtype=logits.dtype, device=dev))
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(ks):
         k_max = max(ks)
@@ -160,6 +166,42 @@ def _mix(*parts: int) -> int:
     return hash(parts) & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def apply_adjustments(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    """Logit bias, then repetition / frequency / presence penalties, on the rows that ask (vLLM's
+    definitions: repetition over prompt and output, frequency and presence over the output)."""
+    todo = [(i, r) for i, r in enumerate(rows) if r.params.logit_bias or r.params.has_penalties]
+    if not todo:
+        return logits
+    logits = logits.clone()
+    vocab, dev = logits.shape[-1], logits.device
+    for i, r in todo:
+        p, row = r.params, logits[i]
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=dev)
+            row.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), dtype=row.dtype, device=dev))
+        if not p.has_penalties:
+            continue
+        history = torch.tensor(list(r.history), dtype=torch.long, device=dev)
+        n_out = min(r.num_output_tokens, len(r.history))
+        output = history[len(r.history) - n_out:]
+        if p.repetition_penalty != 1.0 and len(history):
+            seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
+            seen[history] = True
+            rp = p.repetition_penalty
+            row.copy_(torch.where(seen, torch.where(row > 0, row / rp, row * rp), row))
+        if (p.frequency_penalty or p.presence_penalty) and n_out:
+            counts = torch.bincount(output, minlength=vocab).to(row.dtype)
+            row.sub_(counts * p.frequency_penalty + (counts > 0).to(row.dtype) * p.presence_penalty)
+    return logits
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """[M, V] tempered logits: drop tokens whose probability is below min_p[i] x the row's largest."""
+    probs = torch.softmax(logits, dim=-1)
+    keep = probs >= probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(-1)
+    return logits.masked_fill(~keep, float("-inf"))
+
+
 def apply_min_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
     """Forbid stop tokens for requests that have fewer than `min_tokens` outputs (vLLM semantics)."""
     masked = [(i, r) for i, r in enumerate(rows) if r.num_output_tokens < r.params.min_tokens and r.stop_token_ids]
@@ -172,8 +214,11 @@ def apply_min_tokens(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
 
 
 def warp_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[V] logits -> [V] probabilities after temperature, top-k and top-p."""
+    """[V] logits -> [V] probabilities after temperature, min-p, top-k and top-p."""
     logits = logits / params.temperature
+    if params.min_p > 0:
+        logits = apply_min_p(logits.unsqueeze(0), torch.tensor([params.min_p], dtype=logits.dtype,
+                                                                device=logits.device))[0]
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

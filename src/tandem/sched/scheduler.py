@@ -197,6 +197,8 @@ class Scheduler:
 
     def _draft_limit(self, r: Request) -> int:
         """Most draft tokens worth verifying for r: its proposer's offer and its remaining room."""
+        if not r.sampling_params.speculation_ok:
+            return 0
         room = min(r.max_tokens - r.num_output_tokens, self.config.max_model_len - r.num_tokens) - 1
         offer = self.max_draft_tokens if r.draft_available is None else r.draft_available
         return max(0, min(self.max_draft_tokens, offer, room))

@@ -87,7 +87,9 @@ class StreamOptions(_Request):
 
 
 class SamplingFields(_Request):
-    """Fields both endpoints share (OpenAI's, plus vLLM's top_k / min_tokens / ignore_eos)."""
+    """Fields both endpoints share: OpenAI's, plus vLLM's sampling extras (top_k, min_p,
+    repetition_penalty, min_tokens, ignore_eos, stop_token_ids, include_stop_str_in_output,
+    skip_special_tokens)."""
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -102,8 +104,13 @@ class SamplingFields(_Request):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
     min_tokens: int | None = Field(default=None, ge=0)
     ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     @property
     def include_usage(self) -> bool:

@@ -24,7 +24,7 @@ from tandem.server.protocol import (ChatChoice, ChatCompletionChunk, ChatComplet
                                     ChatDelta, ChatResponseMessage, ChatStreamChoice, DeltaFunction, DeltaToolCall,
                                     FunctionCallOut, NamedToolChoice, ToolCallOut)
 from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request_text,
-                                          new_id, off_loop_if_large, reject_unsupported, resolve_max_tokens,
+                                          new_id, off_loop_if_large, resolve_max_tokens,
                                           sampling_params, sse, usage)
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 from tandem.tools.chat_format import render_chat
@@ -76,7 +76,6 @@ def _text_size(req: ChatCompletionRequest) -> int:
 def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
     check_request_text(req)
     check_model(state, req.model)
-    reject_unsupported(req)
     _check_fields(req)
     check_num_choices(state, req.n)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]

@@ -114,15 +114,6 @@ def check_model(state: ServerState, name: str | None) -> None:
                        "model", "model_not_found")
 
 
-def reject_unsupported(req: SamplingFields) -> None:
-    """400 for OpenAI parameters Tandem does not implement, when they would change the output."""
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise InvalidRequestError(f"{name} is not supported (only 0)", field=name)
-    if req.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported", field="logit_bias")
-
-
 def check_num_choices(state: ServerState, num: int, field_name: str = "n") -> None:
     """`num` engine requests (n choices, times the prompts): within max_n, and within the queue
     (each waits in it, so more than `--max-waiting` could never be accepted: 400, not 503 forever)."""
@@ -217,7 +208,14 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, 
     return [SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
                            top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
                            seed=None if req.seed is None else req.seed + i, stop=list(stop),
-                           ignore_eos=req.ignore_eos, min_tokens=req.min_tokens or 0, logprobs=logprobs)
+                           stop_token_ids=list(req.stop_token_ids or []),
+                           include_stop_str_in_output=req.include_stop_str_in_output,
+                           skip_special_tokens=req.skip_special_tokens,
+                           ignore_eos=req.ignore_eos, min_tokens=req.min_tokens or 0, logprobs=logprobs,
+                           presence_penalty=req.presence_penalty or 0.0,
+                           frequency_penalty=req.frequency_penalty or 0.0,
+                           repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+                           min_p=req.min_p or 0.0, logit_bias=req.logit_bias or None)
             for i in range(n)]
 
 

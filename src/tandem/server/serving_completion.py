@@ -21,7 +21,7 @@ from tandem.server.errors import error_body, to_api_error
 from tandem.server.logprobs import completion_logprobs
 from tandem.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
 from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request_text,
-                                          new_id, off_loop_if_large, reject_unsupported, resolve_max_tokens,
+                                          new_id, off_loop_if_large, resolve_max_tokens,
                                           sampling_params, sse, usage)
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 
@@ -79,7 +79,6 @@ def _text_size(prompt: str | list[int] | list[str] | list[list[int]]) -> int:
 def prepare_completion(state: ServerState, req: CompletionRequest) -> CompletionJob:
     check_request_text(req)
     check_model(state, req.model)
-    reject_unsupported(req)
     _check_fields(req)
     num_prompts = 1 if isinstance(req.prompt, str) or all(isinstance(t, int) for t in req.prompt) else len(req.prompt)
     check_num_choices(state, max(1, num_prompts) * req.n, "n" if req.n > 1 else "prompt")

@@ -64,7 +64,7 @@ def fit(samples: Iterable[tuple[Request, int, list[tuple[float, int]]]]) -> dict
 
 
 def calls_of(segments) -> list[tuple[float, int]]:
-    return [(s.api_time_s, s.return_tokens) for s in segments if s.api_time_s > 0 or s.return_tokens > 0]
+    return [(s.api_time_s, s.return_tokens) for s in segments if s.has_call]
 
 
 def train(workload: WorkloadSpec, seed: int) -> dict[str, Any]:

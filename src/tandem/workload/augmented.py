@@ -37,6 +37,10 @@ class Segment:
     api_time_s: float = 0.0
     return_tokens: int = 0
 
+    @property
+    def has_call(self) -> bool:
+        return self.api_time_s > 0 or self.return_tokens > 0
+
 
 @dataclass(frozen=True)
 class AugmentedRequest:
@@ -46,7 +50,7 @@ class AugmentedRequest:
 
     @property
     def num_calls(self) -> int:
-        return sum(1 for s in self.segments if s.api_time_s > 0 or s.return_tokens > 0)
+        return sum(1 for s in self.segments if s.has_call)
 
     @property
     def output_tokens(self) -> int:
