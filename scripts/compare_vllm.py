@@ -15,7 +15,8 @@
   speculation (vLLM's prompt lookup, k=4; Tandem's adaptive n-gram proposer); median of --repeats.
 - Served: `vllm serve` and `tandem serve` with default flags, each driven by `vllm bench serve`
   (ShareGPT, chat endpoint, streaming, temperature 1 as the tool sends none) at each rate and seed,
-  goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms. Per seed, vLLM's server runs all rates, then
+  goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms; each server first gets --warmup-requests
+  unmeasured requests. Per seed, vLLM's server runs all rates, then
   Tandem's, so slow drift of a shared VM falls on both.
 vLLM runs with the LD_PRELOAD its CPU docs recommend (tcmalloc, `apt install libtcmalloc-minimal4`, and
 the libiomp5 in its venv; --no-vllm-preload turns it off) and no core reserved for its scheduler
@@ -204,6 +205,26 @@ def bench_serve(a, peer: Path, model_dir: Path, dataset: Path, port: int, rate: 
     return {k: data.get(k) for k, _, _ in SERVE_METRICS} | {"completed": data.get("completed")}
 
 
+def warm_up(port: int, model: str, n: int) -> None:
+    """`n` concurrent streamed chat requests (64 tokens each) before the first measured rate: the
+    first run after a server start was seconds slower in TTFT than later, heavier ones, for both
+    engines alike (2026-11-30), so a start-up cost belongs to no rate."""
+    if n <= 0:
+        return
+    import concurrent.futures
+
+    body = {"model": model, "max_tokens": 64, "stream": True,
+            "messages": [{"role": "user", "content": "Tell me about the history of lighthouses. " * 20}]}
+
+    def one(_):
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=600) as r:
+            for _ in r.iter_lines():
+                pass
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        list(pool.map(one, range(n)))
+
+
 def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
     dataset = sharegpt_json()
     servers = {
@@ -222,6 +243,7 @@ def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
             server = Server(name, cmd, port, raw / f"server-{name}-seed{seed}.log",
                             env=vllm_env(a, peer) if name == "vllm" else None)
             try:
+                warm_up(port, model_dir.name, a.warmup_requests)
                 for rate in a.rates:
                     res = bench_serve(a, peer, model_dir, dataset, port, rate, seed,
                                       raw / f"serve-{name}-rate{rate:g}-seed{seed}.json")
@@ -327,6 +349,8 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--offline-prompts", type=int, default=64)
     ap.add_argument("--offline-repeats", type=int, default=3)
+    ap.add_argument("--warmup-requests", type=int, default=4,
+                    help="unmeasured chat requests sent to each server after it starts (0: none)")
     ap.add_argument("--ttft-ms", type=int, default=2000)
     ap.add_argument("--tpot-ms", type=int, default=100)
     ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
