@@ -46,9 +46,7 @@ class Linear(nn.Module):
         `release` frees the plain weight afterwards (not for a weight shared with the embedding)."""
         if self.weight.device.type != "cpu":
             return False
-        if self.weight.dtype == torch.float32 and self._pack_panels():
-            pass
-        elif not self._pack_onednn():
+        if not ((self.weight.dtype == torch.float32 and self._pack_panels()) or self._pack_onednn()):
             return False
         if release:
             self.weight.data = torch.empty(0, dtype=self.weight.dtype)
