@@ -10,9 +10,6 @@
 #include <limits>
 #include <type_traits>
 #include <vector>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define TANDEM_AVX2 1
@@ -720,27 +717,12 @@ torch::Tensor quant_dequantize(torch::Tensor w, int64_t k, int64_t qtype) {
   return out;
 }
 
-// Ask for transparent huge pages on a large, not yet touched tensor (Linux, THP in "madvise" mode):
-// a decode step streams every weight once, and with 4 KB pages the hardware prefetcher stops at
-// each page boundary and the TLB misses every 4 KB. A no-op where unsupported.
-void advise_huge_pages(const torch::Tensor& t) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const uintptr_t huge = 2u << 20;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data_ptr());
-  const uintptr_t end = begin + t.numel() * t.element_size();
-  const uintptr_t a = (begin + huge - 1) & ~(huge - 1), b = end & ~(huge - 1);
-  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
-#endif
-}
-
 // w: float32 [N, K] -> panels [ceil(N/16), K, 16] for packed_linear.
 torch::Tensor pack_linear(torch::Tensor w) {
   check(w, "w");
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2, "pack_linear: w must be float32 [N, K]");
   const int64_t n = w.size(0), k = w.size(1), np = panels_of(n);
-  auto out = torch::empty({np, k, kNR}, w.options());
-  advise_huge_pages(out);
-  out.zero_();
+  auto out = torch::zeros({np, k, kNR}, w.options());
   const float* src = w.data_ptr<float>();
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, np, 16, [&](int64_t begin, int64_t end) {
@@ -775,7 +757,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += delta (optional); return rms_norm(x) * w");
   m.def("rope_", &rope_, "in-place rotate-half RoPE on the first num_heads heads of each row");
   m.def("silu_and_mul", &silu_and_mul, "silu(x[..., :F]) * x[..., F:]");
-  m.def("advise_huge_pages", &advise_huge_pages, "ask the kernel for transparent huge pages under a fresh tensor");
   m.def("pack_linear", &pack_linear, "float32 [N, K] weights -> [N/16, K, 16] panels for packed_linear");
   m.def("packed_linear", &packed_linear, "x @ W^T (+ bias) with W packed by pack_linear");
   m.def("quant_linear", &quant_linear, "x @ W^T (+ bias) with W in GGML Q4_1 / Q8_0 blocks");
