@@ -147,10 +147,13 @@ def measure(session: _Session, runner: ModelRunner, quick: bool, log: Log) -> No
 
 def speed_level(engine: LLMEngine, cost: Any, seed: int = 1) -> float:
     """How fast `engine` runs now relative to the profile behind `cost` (a CalibratedCost): the
-    median, over the steps of a short probe, of measured over predicted seconds. The probe is its
-    own small workload (6 prompts of 32-300 tokens decoding 12 tokens each, all at once, then one
-    request decoding 16 tokens alone; a few seconds), so a replay measured right after it can be
-    compared with the simulator at this level without fitting anything on that replay."""
+    probe's measured seconds over the seconds the profile predicts for the same steps. The probe is
+    its own small workload shaped like light serving, where most time goes to prefills and to
+    decode steps of one or two requests: twice, a prompt of 100-300 tokens alone, then two of
+    32-300 at once, each decoding 12 tokens (a few seconds). A replay measured right after it can be
+    compared with the simulator at this level without fitting anything on that replay. Summed
+    seconds weigh each step by its time, as a replay's latencies do (a median over steps let the
+    short decode steps decide alone, and swung 0.8-1.3 between back-to-back probes)."""
     from tandem.sim.cost.calibrated import shape_from_sample
 
     if engine.has_unfinished_requests():
@@ -158,13 +161,15 @@ def speed_level(engine: LLMEngine, cost: Any, seed: int = 1) -> float:
     try:
         with StepRecorder(engine) as recorder:
             session = _Session(engine, recorder, random.Random(seed))
+            rng = session.rng
             session.run([session.prompt(16)], 2, "warmup")
-            session.run([session.prompt(session.rng.randint(32, 300)) for _ in range(6)], 12, "probe-mixed")
-            session.run([session.prompt(64)], 16, "probe-decode")
+            for _ in range(2):
+                session.run([session.prompt(rng.randint(100, 300))], 12, "probe-alone")
+                session.run([session.prompt(rng.randint(32, 300)) for _ in range(2)], 12, "probe-pair")
     finally:
         engine.scheduler.kv.reset_prefix_cache()
-    return statistics.median(s["seconds"] / cost.step_time_s(shape_from_sample(s))
-                             for s in recorder.samples if s["phase"] != "warmup")
+    probe = [s for s in recorder.samples if s["phase"] != "warmup"]
+    return sum(s["seconds"] for s in probe) / sum(cost.step_time_s(shape_from_sample(s)) for s in probe)
 
 
 def calibrate(model: str | None = None, quick: bool = False, log: Log = print,
