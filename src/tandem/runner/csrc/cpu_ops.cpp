@@ -524,8 +524,16 @@ inline void tile_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const f
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx, *x4 = x + 4 * ldx, *x5 = x + 5 * ldx;
+  // Prefetches into L2, spread evenly over the tile's iterations. Issued back to back into L1 (as
+  // before), they stalled the arithmetic rather than overlapping it: 8-16 rows cost the memory
+  // time plus the compute time. L1 keeps the block in use and x; its own prefetcher pulls from L2.
+  const int64_t stride = pf_lines > 0 ? std::max<int64_t>(1, k / pf_lines) : k + 1;
+  int64_t next_pf = 0, pf_done = 0;
   for (int64_t i = 0; i < k; ++i) {
-    if (i < pf_lines) _mm_prefetch(reinterpret_cast<const char*>(pf + i * kNR), _MM_HINT_T0);
+    if (i == next_pf && pf_done < pf_lines) {
+      _mm_prefetch(reinterpret_cast<const char*>(pf + pf_done * kNR), _MM_HINT_T1);
+      ++pf_done; next_pf += stride;
+    }
     const __m256 w0 = _mm256_loadu_ps(panel + i * kNR), w1 = _mm256_loadu_ps(panel + i * kNR + 8);
     __m256 xv = _mm256_broadcast_ss(x0 + i);
     c00 = _mm256_fmadd_ps(xv, w0, c00); c01 = _mm256_fmadd_ps(xv, w1, c01);
@@ -594,6 +602,7 @@ inline void tile_rows(int64_t rows, float* y, int64_t ldy, const float* x, int64
 // of kKC, so a panel's block (16 KB) stays in L1 while every 6-row tile of the chunk passes over
 // it; the tiles. A tile after the first K block adds to the partial sums in y; the last adds bias.
 constexpr int64_t kKC = 256;
+constexpr int64_t kPrefetchLines = 512;      // two blocks (32 KB) ahead in the weight stream
 
 void packed_linear_impl(float* y, const float* x, const float* w, const float* bias, int64_t m, int64_t n, int64_t k) {
   const int64_t np = panels_of(n);
@@ -607,15 +616,16 @@ void packed_linear_impl(float* y, const float* x, const float* w, const float* b
         for (int64_t k0 = 0; k0 < k; k0 += kKC) {
           const int64_t kb = std::min(kKC, k - k0);
           const float* b = (bias != nullptr && k0 + kb == k) ? bias + c0 : nullptr;
-          // The tiles share out the prefetch of the next block (this panel's or the next one's,
-          // which follows it in memory) into L1, so its stream from memory overlaps the arithmetic.
+          // The thread's panels lie back to back, one stream; the tiles share out the prefetch of
+          // the block kPrefetchLines ahead in it, so its stream from memory overlaps the arithmetic.
           const int64_t tiles = (m1 - m0 + kMR - 1) / kMR;
-          const int64_t next_lines = (k0 + kb < k || p + 1 < end) ? std::min(kKC, k0 + kb < k ? k - k0 - kb : k) : 0;
+          const int64_t ahead = p * k + k0 + kPrefetchLines;            // in lines of the stream
+          const int64_t next_lines = std::max<int64_t>(0, std::min<int64_t>(kb, end * k - ahead));
           const int64_t share = (next_lines + tiles - 1) / tiles;
           for (int64_t t = 0, r = m0; r < m1; ++t, r += kMR) {
             const int64_t first = std::min(next_lines, t * share);
             tile_rows(std::min(kMR, m1 - r), y + r * n + c0, n, x + r * k + k0, k, panel + k0 * kNR, kb, b, cols, k0 > 0,
-                      panel + (k0 + kb + first) * kNR, std::min(share, next_lines - first));
+                      w + (ahead + first) * kNR, std::min(share, next_lines - first));
           }
         }
       }
