@@ -16,8 +16,9 @@
 - Served: `vllm serve` and `tandem serve` with default flags, each driven by `vllm bench serve`
   (ShareGPT, chat endpoint, streaming, temperature 1 as the tool sends none) at each rate and seed,
   goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms; each server first gets --warmup-requests
-  unmeasured requests. Per seed, vLLM's server runs all rates, then
-  Tandem's, so slow drift of a shared VM falls on both.
+  unmeasured requests. Every (rate, seed) run draws its own prompts (sample_seed), the same for
+  both engines, so no run is served from the prefix cache of an earlier one. Per seed, vLLM's
+  server runs all rates, then Tandem's, so slow drift of a shared VM falls on both.
 vLLM runs with the LD_PRELOAD its CPU docs recommend (tcmalloc, `apt install libtcmalloc-minimal4`, and
 the libiomp5 in its venv; --no-vllm-preload turns it off) and no core reserved for its scheduler
 (--vllm-reserved-cpus, see vllm_env). Nothing else may run on the machine
@@ -202,10 +203,17 @@ def bench_serve(a, peer: Path, model_dir: Path, dataset: Path, port: int, rate: 
     return {k: data.get(k) for k, _, _ in SERVE_METRICS} | {"completed": data.get("completed")}
 
 
+def sample_seed(seed: int, rate_index: int) -> int:
+    """The dataset seed of one run: each rate of a seed round draws its own prompts. With one seed
+    for every rate, a server's second rate re-sent the prompts of its first, both engines served
+    them from their prefix caches, and TTFT fell from seconds to 0.2 s (2026-11-30, 2026-12-01):
+    what looked like a start-up cost was a cache hit. Both engines get the same prompts per run."""
+    return seed * 1000 + rate_index
+
+
 def warm_up(port: int, model: str, n: int) -> None:
-    """`n` concurrent streamed chat requests (64 tokens each) before the first measured rate: the
-    first run after a server start was seconds slower in TTFT than later, heavier ones, for both
-    engines alike (2026-11-30), so a start-up cost belongs to no rate."""
+    """`n` concurrent streamed chat requests (64 tokens each) before the first measured rate, so
+    compiling, allocating and first-touch costs belong to no rate."""
     if n <= 0:
         return
     import concurrent.futures
@@ -241,8 +249,8 @@ def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
                             env=vllm_env(a, peer) if name == "vllm" else None)
             try:
                 warm_up(port, model_dir.name, a.warmup_requests)
-                for rate in a.rates:
-                    res = bench_serve(a, peer, model_dir, dataset, port, rate, seed,
+                for i, rate in enumerate(a.rates):
+                    res = bench_serve(a, peer, model_dir, dataset, port, rate, sample_seed(seed, i),
                                       raw / f"serve-{name}-rate{rate:g}-seed{seed}.json")
                     runs[name][str(rate)].append(res)
                     log(f"  {name} rate {rate:g} seed {seed}: goodput {res['request_goodput']:.2f} req/s, "
