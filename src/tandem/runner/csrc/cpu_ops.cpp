@@ -623,9 +623,9 @@ void packed_linear_impl(float* y, const float* x, const float* w, const float* b
           const int64_t next_lines = std::max<int64_t>(0, std::min<int64_t>(kb, end * k - ahead));
           const int64_t share = (next_lines + tiles - 1) / tiles;
           for (int64_t t = 0, r = m0; r < m1; ++t, r += kMR) {
-            const int64_t first = std::min(next_lines, t * share);
+            const int64_t first = std::min(next_lines, t * share), lines = std::min(share, next_lines - first);
             tile_rows(std::min(kMR, m1 - r), y + r * n + c0, n, x + r * k + k0, k, panel + k0 * kNR, kb, b, cols, k0 > 0,
-                      w + (ahead + first) * kNR, std::min(share, next_lines - first));
+                      lines > 0 ? w + (ahead + first) * kNR : nullptr, lines);
           }
         }
       }
