@@ -51,12 +51,13 @@ def simulate_with(profile: dict, requests, level: float = 1.0) -> dict:
 
 def paced_workload(profile: dict, seed: int = 0) -> list:
     """The workload at offered load RHO on this machine: its requests served one at a time (the
-    simulator on the fresh profile) give the mean time alone, and the rate is RHO over it."""
+    simulator on the fresh profile) give the mean time alone, and the rate is RHO over it. WORKLOAD
+    draws its arrivals at 1 req/s, so dividing them by the rate paces them."""
     requests = build_workload(WORKLOAD, seed=seed)
     alone = [dataclasses.replace(r, arrival_s=1000.0 * i) for i, r in enumerate(requests)]
     rate = RHO / simulate_with(profile, alone)["e2e_s"]["mean"]
     print(f"\npaced at {rate:.2f} req/s (offered load {RHO} of one-at-a-time service)")
-    return build_workload(dataclasses.replace(WORKLOAD, rate=rate), seed=seed)
+    return [dataclasses.replace(r, arrival_s=r.arrival_s / rate) for r in requests]
 
 
 def errors_of(sim: dict, real: dict) -> dict[str, float]:
