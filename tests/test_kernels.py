@@ -53,26 +53,31 @@ def test_silu_and_mul(ops):
     (4, 4, 64, 32),     # no GQA
     (4, 2, 48, 8),      # head_dim not a multiple of 64: the generic path
 ])
-def test_paged_attention_matches_sdpa(ops, heads, kv, d, bs):
-    """Queries at arbitrary positions over scattered blocks equal causal SDPA over the gathered context."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_paged_attention_matches_sdpa(ops, heads, kv, d, bs, dtype):
+    """Queries at arbitrary positions over scattered blocks equal causal SDPA over the gathered context
+    (computed in float32 from the same stored values; the output is rounded once to the dtype)."""
     torch.manual_seed(0)
     nblocks = 40
     width = 150 // bs + 1
-    kc, vc = torch.randn(kv, nblocks * bs, d), torch.randn(kv, nblocks * bs, d)
+    kc, vc = torch.randn(kv, nblocks * bs, d, dtype=dtype), torch.randn(kv, nblocks * bs, d, dtype=dtype)
     table = torch.zeros(2, width, dtype=torch.int32)
     table[0] = torch.randperm(nblocks)[:width].to(torch.int32)
     table[1, :3] = torch.randperm(nblocks)[:3].to(torch.int32)
     seq = torch.tensor([0, 0, 0, 0, 1, 1], dtype=torch.int32)
     pos = torch.tensor([21, 22, 23, min(149, width * bs - 1), 0, 3 * bs - 1], dtype=torch.int32)
-    q = torch.randn(len(pos), heads, d)
+    q = torch.randn(len(pos), heads, d, dtype=dtype)
     got = ops.paged_attention(q, kc, vc, table, seq, pos, bs, d ** -0.5)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps
+    q, kc, vc, got = q.float(), kc.float(), vc.float(), got.float()
     for i in range(len(pos)):
         t = int(pos[i]) + 1
         slots = torch.cat([torch.arange(int(b) * bs, int(b) * bs + bs) for b in table[int(seq[i])]])[:t]
         k, v = kc[:, slots], vc[:, slots]                               # [KV, T, D]
         ref = F.scaled_dot_product_attention(q[i].unsqueeze(1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                              enable_gqa=True)[0, :, 0]   # [H, D]
-        torch.testing.assert_close(got[i].view(heads, d), ref, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[i].view(heads, d), ref, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("n, k", [(64, 32), (960, 576), (50, 300), (3, 520)])

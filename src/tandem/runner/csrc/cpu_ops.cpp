@@ -215,9 +215,26 @@ inline __m256 hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m
   return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-inline void prefetch_block(const float* p, int64_t floats) {
-  for (int64_t i = 0; i < floats; i += 16) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+inline void prefetch_block(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
+
+// Eight K/V elements as float32: float as is, bfloat16 by a 16-bit shift (exact), float16 by F16C.
+inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 ld8(const c10::BFloat16* p) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+#ifdef __F16C__
+inline __m256 ld8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+template <typename T>
+constexpr bool kVectorKV = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>
+#ifdef __F16C__
+                           || std::is_same_v<T, c10::Half>
+#endif
+    ;
 
 inline float max_of(const float* x, int64_t n) {
   int64_t i = 0;
@@ -235,25 +252,29 @@ inline float max_of(const float* x, int64_t n) {
 // trip to memory, so one block ahead arrives too late.
 constexpr int64_t kPrefetchBlocks = 4;
 
-inline void prefetch_ahead(const float* base, const int32_t* blocks, int64_t b, int64_t ctx, int64_t bs, int64_t d) {
+template <typename T>
+inline void prefetch_ahead(const T* base, const int32_t* blocks, int64_t b, int64_t ctx, int64_t bs, int64_t d) {
   const int64_t nb = (ctx + bs - 1) / bs;
   for (int64_t a = (b == 0 ? 1 : b + kPrefetchBlocks); a <= std::min(nb - 1, b + kPrefetchBlocks); ++a)
-    prefetch_block(base + static_cast<int64_t>(blocks[a]) * bs * d, std::min(bs, ctx - a * bs) * d);
+    prefetch_block(base + static_cast<int64_t>(blocks[a]) * bs * d,
+                   std::min(bs, ctx - a * bs) * d * static_cast<int64_t>(sizeof(T)));
 }
 
-// One (query, kv head) item of paged attention for float32 K/V and head_dim % 64 == 0, with the
+// One (query, kv head) item of paged attention for float32, bfloat16 or float16 K/V (read as float32)
+// and head_dim % 64 == 0, with the
 // accumulators in named registers (GCC spills arrays of __m256 to memory on every iteration).
 // Scores: eight context rows at a time, one vector of eight dot products per pass (no horizontal
 // sum per row). Weighted V sum: per 64 dims, eight accumulators, one broadcast per row. The next
 // block is prefetched while this one is read: paged blocks are scattered, one 4 KB page each at
 // 16 x 64 floats, so the hardware prefetcher cannot follow them.
-void attend_item_f32(float* out, const float* qf, int64_t g_size, const float* kh, const float* vh,
+template <typename T>
+void attend_item(float* out, const float* qf, int64_t g_size, const T* kh, const T* vh,
                      const int32_t* blocks, int64_t ctx, int64_t bs, int64_t d, float scale, float* scores,
                      float* acc) {
   const int64_t bf = bs * d;    // floats per block of one head
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
-    const float* kb = kh + static_cast<int64_t>(blocks[b]) * bf;
+    const T* kb = kh + static_cast<int64_t>(blocks[b]) * bf;
     const int64_t len = std::min(bs, ctx - t0);
     prefetch_ahead(kh, blocks, b, ctx, bs, d);
     for (int64_t g = 0; g < g_size; ++g) {
@@ -261,25 +282,25 @@ void attend_item_f32(float* out, const float* qf, int64_t g_size, const float* k
       float* sg = scores + g * ctx + t0;
       int64_t o = 0;
       for (; o + 8 <= len; o += 8) {
-        const float* k0 = kb + o * d;
+        const T* k0 = kb + o * d;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
         for (int64_t j = 0; j < d; j += 8) {
           const __m256 qv = _mm256_loadu_ps(qg + j);
-          a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
-          a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d + j), a1);
-          a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * d + j), a2);
-          a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * d + j), a3);
-          a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 4 * d + j), a4);
-          a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 5 * d + j), a5);
-          a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 6 * d + j), a6);
-          a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 7 * d + j), a7);
+          a0 = _mm256_fmadd_ps(qv, ld8(k0 + j), a0);
+          a1 = _mm256_fmadd_ps(qv, ld8(k0 + d + j), a1);
+          a2 = _mm256_fmadd_ps(qv, ld8(k0 + 2 * d + j), a2);
+          a3 = _mm256_fmadd_ps(qv, ld8(k0 + 3 * d + j), a3);
+          a4 = _mm256_fmadd_ps(qv, ld8(k0 + 4 * d + j), a4);
+          a5 = _mm256_fmadd_ps(qv, ld8(k0 + 5 * d + j), a5);
+          a6 = _mm256_fmadd_ps(qv, ld8(k0 + 6 * d + j), a6);
+          a7 = _mm256_fmadd_ps(qv, ld8(k0 + 7 * d + j), a7);
         }
         _mm256_storeu_ps(sg + o, _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), sv));
       }
       for (; o < len; ++o) {
-        const float* kr = kb + o * d;
+        const T* kr = kb + o * d;
         __m256 a = _mm256_setzero_ps();
-        for (int64_t j = 0; j < d; j += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), _mm256_loadu_ps(kr + j), a);
+        for (int64_t j = 0; j < d; j += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + j), ld8(kr + j), a);
         sg[o] = hsum8(a) * scale;
       }
     }
@@ -294,7 +315,7 @@ void attend_item_f32(float* out, const float* qf, int64_t g_size, const float* k
   }
   std::fill(acc, acc + g_size * d, 0.f);
   for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
-    const float* vb = vh + static_cast<int64_t>(blocks[b]) * bf;
+    const T* vb = vh + static_cast<int64_t>(blocks[b]) * bf;
     const int64_t len = std::min(bs, ctx - t0);
     prefetch_ahead(vh, blocks, b, ctx, bs, d);
     for (int64_t g = 0; g < g_size; ++g) {
@@ -305,15 +326,15 @@ void attend_item_f32(float* out, const float* qf, int64_t g_size, const float* k
         __m256 c4 = _mm256_loadu_ps(ag + 32), c5 = _mm256_loadu_ps(ag + 40), c6 = _mm256_loadu_ps(ag + 48), c7 = _mm256_loadu_ps(ag + 56);
         for (int64_t o = 0; o < len; ++o) {
           const __m256 p = _mm256_broadcast_ss(pg + o);
-          const float* vr = vb + o * d + dc;
-          c0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr), c0);
-          c1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8), c1);
-          c2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 16), c2);
-          c3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 24), c3);
-          c4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 32), c4);
-          c5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 40), c5);
-          c6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 48), c6);
-          c7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 56), c7);
+          const T* vr = vb + o * d + dc;
+          c0 = _mm256_fmadd_ps(p, ld8(vr), c0);
+          c1 = _mm256_fmadd_ps(p, ld8(vr + 8), c1);
+          c2 = _mm256_fmadd_ps(p, ld8(vr + 16), c2);
+          c3 = _mm256_fmadd_ps(p, ld8(vr + 24), c3);
+          c4 = _mm256_fmadd_ps(p, ld8(vr + 32), c4);
+          c5 = _mm256_fmadd_ps(p, ld8(vr + 40), c5);
+          c6 = _mm256_fmadd_ps(p, ld8(vr + 48), c6);
+          c7 = _mm256_fmadd_ps(p, ld8(vr + 56), c7);
         }
         _mm256_storeu_ps(ag, c0); _mm256_storeu_ps(ag + 8, c1); _mm256_storeu_ps(ag + 16, c2); _mm256_storeu_ps(ag + 24, c3);
         _mm256_storeu_ps(ag + 32, c4); _mm256_storeu_ps(ag + 40, c5); _mm256_storeu_ps(ag + 48, c6); _mm256_storeu_ps(ag + 56, c7);
@@ -330,7 +351,7 @@ void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const in
                           int64_t d, int64_t slots, int64_t max_blocks, int64_t bs, float scale) {
   const int64_t g_size = heads / kv_heads;
   at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores, qf(g_size * d), acc(g_size * d);
+    std::vector<float> scores, res, qf(g_size * d), acc(g_size * d);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / kv_heads, h = item % kv_heads;
       const int64_t ctx = static_cast<int64_t>(pos[i]) + 1;
@@ -341,10 +362,16 @@ void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const in
       const T* kh = kc + h * slots * d;
       const T* vh = vc + h * slots * d;
 #ifdef TANDEM_AVX2
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (kVectorKV<T>) {
         if (d % 64 == 0) {
-          attend_item_f32(out + (i * heads + h * g_size) * d, qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale,
-                          scores.data(), acc.data());
+          T* o = out + (i * heads + h * g_size) * d;
+          if constexpr (std::is_same_v<T, float>) {
+            attend_item(o, qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale, scores.data(), acc.data());
+          } else {
+            res.resize(g_size * d);
+            attend_item(res.data(), qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale, scores.data(), acc.data());
+            for (int64_t x = 0; x < g_size * d; ++x) o[x] = static_cast<T>(res[x]);
+          }
           continue;
         }
       }
