@@ -99,3 +99,35 @@ def test_packed_linear_refuses_a_mismatched_weight():
         module.packed_linear(torch.randn(2, 48), w, None, 32)
     with pytest.raises(RuntimeError, match="float32"):
         module.packed_linear(torch.randn(2, 64, dtype=torch.bfloat16), w, None, 32)
+
+
+bf16_gemm = pytest.mark.skipif(module is None or not module.bf16_linear_available(),
+                               reason="no AVX512-BF16 on this CPU: bfloat16 linears run on oneDNN")
+
+
+@bf16_gemm
+@pytest.mark.parametrize("n, k", [(64, 32), (960, 576), (50, 300), (33, 2)])
+@pytest.mark.parametrize("m", [1, 5, 12, 13, 24, 301])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_bf16_matches_a_float32_reference(n, k, m, bias):
+    """The pair-panel bfloat16 kernel accumulates in float32 and rounds once: it equals the float32
+    product of the same bfloat16 values, rounded to bfloat16, up to summation order (row counts
+    across the 12-row tiles and the L2 row chunks, widths with a partial 32-column panel)."""
+    torch.manual_seed(0)
+    w, x = torch.randn(n, k, dtype=torch.bfloat16), torch.randn(m, k, dtype=torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+    got = module.packed_linear_bf16(x, module.pack_linear_bf16(w), b, n)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    ref = F.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(got.float(), ref.bfloat16().float(), atol=1e-3 * k ** 0.5, rtol=2 ** -7)
+
+
+@bf16_gemm
+def test_packed_linear_bf16_refuses_bad_shapes():
+    with pytest.raises(RuntimeError, match="K must be even"):
+        module.pack_linear_bf16(torch.randn(32, 63, dtype=torch.bfloat16))
+    w = module.pack_linear_bf16(torch.randn(32, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="not a packed"):
+        module.packed_linear_bf16(torch.randn(2, 48, dtype=torch.bfloat16), w, None, 32)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        module.packed_linear_bf16(torch.randn(2, 64), w, None, 32)

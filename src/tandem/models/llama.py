@@ -23,11 +23,13 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 
 class Linear(nn.Module):
-    """y = x W^T + b. On CPU the weight is prepacked once at load (`prepack`): float32 weights into
-    the 16-column panels of Tandem's own kernel (`packed_linear` in csrc/cpu_ops.cpp), other dtypes
-    (or without the compiled kernels) for oneDNN. On this project's 2-core AVX2 EPYC the panel
-    kernel measured 1.2-1.9x oneDNN at 1-48 rows (decode) and about equal at 256 (prefill); oneDNN
-    in turn measured 1.3-2x MKL's sgemm, which packs the weights on every call."""
+    """y = x W^T + b. On CPU the weight is prepacked once at load (`prepack`) for Tandem's own
+    kernels where they run: float32 weights into the 16-column panels of `packed_linear`
+    (csrc/cpu_ops.cpp), bfloat16 weights on CPUs with AVX512-BF16 into the 32-column pair panels
+    of `packed_linear_bf16` (csrc/linear_bf16.cpp); anything else (or without the compiled
+    kernels) for oneDNN. Measured against oneDNN over the default model's layer shapes: float32 on
+    a 2-core AVX2 EPYC 1.2-1.9x at 1-48 rows (decode), equal at 256 (prefill); bfloat16 on a 2-core
+    AVX-512 BF16 EPYC 1.3-1.5x at 1-16 rows, 1.15-1.3x at 32-64, equal at 128 and more."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -35,7 +37,8 @@ class Linear(nn.Module):
         self.weight = _param(out_features, in_features, dtype=dtype)
         self.bias = _param(out_features, dtype=dtype) if bias else None
         self._packed: torch.Tensor | None = None       # oneDNN's layout
-        self._panels: torch.Tensor | None = None       # Tandem's [N/16, K, 16] layout
+        self._panels: torch.Tensor | None = None       # Tandem's [N/16, K, 16] layout (float32)
+        self._panels_bf16: torch.Tensor | None = None  # Tandem's [N/32, K/2, 64] layout (bfloat16)
         self._kernels = None
         self.quant = None           # tandem.models.quant.QuantWeight: GGUF blocks for small steps
         self.quant_ops = None
@@ -46,7 +49,8 @@ class Linear(nn.Module):
         `release` frees the plain weight afterwards (not for a weight shared with the embedding)."""
         if self.weight.device.type != "cpu":
             return False
-        if not ((self.weight.dtype == torch.float32 and self._pack_panels()) or self._pack_onednn()):
+        if not ((self.weight.dtype == torch.float32 and self._pack_panels())
+                or (self.weight.dtype == torch.bfloat16 and self._pack_panels_bf16()) or self._pack_onednn()):
             return False
         if release:
             self.weight.data = torch.empty(0, dtype=self.weight.dtype)
@@ -64,6 +68,22 @@ class Linear(nn.Module):
         if not torch.allclose(got, F.linear(x, self.weight, self.bias), rtol=1e-4, atol=1e-4):
             return False
         self._panels, self._kernels = panels, kernels
+        return True
+
+    def _pack_panels_bf16(self) -> bool:
+        from tandem.runner.kernels import load_cpu_kernels
+
+        kernels = load_cpu_kernels()
+        if (kernels is None or not hasattr(kernels, "bf16_linear_available") or not kernels.bf16_linear_available()
+                or self.in_features % 2):
+            return False
+        panels = kernels.pack_linear_bf16(self.weight.data)
+        x = torch.randn(7, self.in_features, dtype=torch.bfloat16)
+        got = kernels.packed_linear_bf16(x, panels, self.bias, self.out_features).float()
+        ref = F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+        if not torch.allclose(got, ref, rtol=1e-2, atol=1e-2 * float(ref.abs().max())):
+            return False
+        self._panels_bf16, self._kernels = panels, kernels
         return True
 
     def _pack_onednn(self) -> bool:
@@ -89,6 +109,8 @@ class Linear(nn.Module):
     def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
         if self._panels is not None:
             return self._kernels.packed_linear(x.contiguous(), self._panels, self.bias, self.out_features)
+        if self._panels_bf16 is not None:
+            return self._kernels.packed_linear_bf16(x.contiguous(), self._panels_bf16, self.bias, self.out_features)
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

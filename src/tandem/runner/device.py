@@ -37,12 +37,16 @@ def cpu_info() -> dict[str, str]:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """True if this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX); else bf16 is emulated and slow."""
+    """True if this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX); else bf16 is emulated and slow.
+
+    Asks torch where it still says (older releases had `torch._C._cpu._is_avx512_bf16_supported`;
+    2.13 has neither that nor the AMX check), else the CPU's own flags."""
     cpu = getattr(torch._C, "_cpu", None)
-    if cpu is None:
-        return False
-    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    return any(getattr(cpu, c, lambda: False)() for c in checks)
+    for check in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        fn = getattr(cpu, check, None)
+        if fn is not None and fn():
+            return True
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info().get("flags", "").split()))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

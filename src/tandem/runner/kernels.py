@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger("tandem.kernels")
-_SOURCE = Path(__file__).parent / "csrc" / "cpu_ops.cpp"
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp")]
 _module: ModuleType | None = None
 _tried = False
 
@@ -84,7 +84,7 @@ def load_cpu_kernels() -> ModuleType | None:
         return None
     from tandem.models.fetch import cache_dir
 
-    src = _SOURCE.read_bytes()
+    src = b"".join(p.read_bytes() for p in _SOURCES)
     # -march=native: a build is only valid on a CPU with the same instruction set, so the CPU's
     # flags are part of the key (a cache copied to another machine builds anew, never crashes).
     from tandem.runner.device import cpu_info
@@ -96,7 +96,7 @@ def load_cpu_kernels() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        _module = load(name=f"tandem_cpu_ops_{key}", sources=[str(_SOURCE)], build_directory=str(build),
+        _module = load(name=f"tandem_cpu_ops_{key}", sources=[str(p) for p in _SOURCES], build_directory=str(build),
                        extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, unsupported flags...
         log.warning("Tandem's CPU kernels could not be built (%s); using plain PyTorch ops", e)

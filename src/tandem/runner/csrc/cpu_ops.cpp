@@ -790,12 +790,20 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor w, c10::optional<torc
   return y;
 }
 
+// linear_bf16.cpp
+bool bf16_linear_available();
+torch::Tensor pack_linear_bf16(torch::Tensor w);
+torch::Tensor packed_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += delta (optional); return rms_norm(x) * w");
   m.def("rope_", &rope_, "in-place rotate-half RoPE on the first num_heads heads of each row");
   m.def("silu_and_mul", &silu_and_mul, "silu(x[..., :F]) * x[..., F:]");
   m.def("pack_linear", &pack_linear, "float32 [N, K] weights -> [N/16, K, 16] panels for packed_linear");
   m.def("packed_linear", &packed_linear, "x @ W^T (+ bias) with W packed by pack_linear");
+  m.def("bf16_linear_available", &bf16_linear_available, "whether pack_linear_bf16 runs here (AVX512-BF16)");
+  m.def("pack_linear_bf16", &pack_linear_bf16, "bfloat16 [N, K] weights -> [N/32, K/2, 64] panels");
+  m.def("packed_linear_bf16", &packed_linear_bf16, "x @ W^T (+ bias) in bfloat16 with W packed by pack_linear_bf16");
   m.def("quant_linear", &quant_linear, "x @ W^T (+ bias) with W in GGML Q4_1 / Q8_0 blocks");
   m.def("quant_dequantize", &quant_dequantize, "float32 weights of GGML Q4_1 / Q8_0 blocks");
   m.def("paged_attention", &paged_attention, "attention over paged K/V for queries at given positions");

@@ -1,0 +1,153 @@
+// bfloat16 linear layers on CPUs with AVX512-BF16: y = x W^T (+ bias), x and y bfloat16, float32
+// accumulation (as oneDNN's bf16 matmul), rounded once to bfloat16 (nearest even).
+//
+// W [N, K] is packed once into panels of 32 output columns: panel p holds, for each pair of
+// inputs (k, k+1), the 32 columns' two weights side by side ([K/2][32][2], zero-padded past N),
+// which is the operand layout of VDPBF16PS: one instruction multiplies 16 columns by an input
+// pair and adds both products into 16 float32 sums. The microkernel keeps an MR x 32 tile of y in
+// 2 MR registers (MR <= 12): per input pair, two loads of W, MR broadcasts of x's pair, 2 MR dot
+// instructions. A decode step (a few to a few dozen rows) streams each panel from memory once
+// and rereads it from L2 for every further 12-row tile; a prefill walks x in L2-sized row chunks.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define TANDEM_BF16_GEMM 1
+#endif
+
+namespace {
+
+constexpr int64_t kCols = 32, kMaxRows = 12;
+
+inline int64_t panels_of(int64_t n) { return (n + kCols - 1) / kCols; }
+
+#ifdef TANDEM_BF16_GEMM
+// Named accumulators (GCC keeps an array of vectors in memory and stores it every iteration).
+#define TANDEM_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+
+inline int32_t pair(const uint16_t* p) {   // two bfloat16 inputs as one 32-bit lane
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <int MR>
+inline void tile(uint16_t* y, int64_t ldy, const uint16_t* x, int64_t ldx, const uint16_t* panel, int64_t pairs,
+                 const float* bias, int64_t cols) {
+#define DECL(r) __m512 a##r = _mm512_setzero_ps(), b##r = a##r; \
+  const uint16_t* x##r = x + (MR > r ? r : 0) * ldx;
+  TANDEM_ROWS(DECL)
+#undef DECL
+  for (int64_t i = 0; i < pairs; ++i) {
+    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + i * 2 * kCols);
+    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + i * 2 * kCols + kCols);
+#define STEP(r) if constexpr (MR > r) { const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair(x##r + 2 * i)); \
+    a##r = _mm512_dpbf16_ps(a##r, xv, w0); b##r = _mm512_dpbf16_ps(b##r, xv, w1); }
+    TANDEM_ROWS(STEP)
+#undef STEP
+  }
+  const __mmask16 m0 = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  __m512 bias0 = _mm512_setzero_ps(), bias1 = bias0;
+  if (bias != nullptr) { bias0 = _mm512_maskz_loadu_ps(m0, bias); bias1 = _mm512_maskz_loadu_ps(m1, bias + 16); }
+#define STORE(r) if constexpr (MR > r) { \
+    _mm256_mask_storeu_epi16(y + r * ldy, m0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(a##r, bias0))); \
+    _mm256_mask_storeu_epi16(y + r * ldy + 16, m1, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(b##r, bias1))); }
+  TANDEM_ROWS(STORE)
+#undef STORE
+}
+
+inline void tile_rows(int64_t rows, uint16_t* y, int64_t ldy, const uint16_t* x, int64_t ldx, const uint16_t* panel,
+                      int64_t pairs, const float* bias, int64_t cols) {
+  switch (rows) {
+#define CASE(r) case r + 1: tile<r + 1>(y, ldy, x, ldx, panel, pairs, bias, cols); break;
+    TANDEM_ROWS(CASE)
+#undef CASE
+    default: break;
+  }
+}
+
+void linear_impl(uint16_t* y, const uint16_t* x, const uint16_t* w, const float* bias, int64_t m, int64_t n,
+                 int64_t k) {
+  const int64_t np = panels_of(n), pairs = k / 2;
+  // Rows per chunk: x's chunk (bf16) fits half of a 512 KB L2, beside the panel in use.
+  const int64_t mc = std::max<int64_t>(kMaxRows, (256 * 1024 / (k * 2)) / kMaxRows * kMaxRows);
+  for (int64_t r0 = 0; r0 < m; r0 += mc) {
+    const int64_t r1 = std::min(m, r0 + mc);
+    at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t c0 = p * kCols, cols = std::min(kCols, n - c0);
+        const uint16_t* panel = w + p * k * kCols;
+        for (int64_t r = r0; r < r1; r += kMaxRows)
+          tile_rows(std::min(kMaxRows, r1 - r), y + r * n + c0, n, x + r * k, k, panel, pairs,
+                    bias != nullptr ? bias + c0 : nullptr, cols);
+      }
+    });
+  }
+}
+#endif
+
+}  // namespace
+
+bool bf16_linear_available() {
+#ifdef TANDEM_BF16_GEMM
+  return true;
+#else
+  return false;
+#endif
+}
+
+// bfloat16 [N, K] (K even) -> [N/32, K/2, 64] panels for packed_linear_bf16.
+torch::Tensor pack_linear_bf16(torch::Tensor w) {
+  TORCH_CHECK(bf16_linear_available(), "pack_linear_bf16: this CPU (or build) has no AVX512-BF16");
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kBFloat16 && w.dim() == 2,
+              "pack_linear_bf16: w must be a bfloat16 [N, K] CPU tensor");
+  TORCH_CHECK(w.size(1) % 2 == 0, "pack_linear_bf16: K must be even");
+  w = w.contiguous();
+  const int64_t n = w.size(0), k = w.size(1), np = panels_of(n);
+  auto out = torch::zeros({np, k / 2, 2 * kCols}, w.options());
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  at::parallel_for(0, np, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p)
+      for (int64_t j = 0; j < kCols && p * kCols + j < n; ++j) {
+        const uint16_t* row = src + (p * kCols + j) * k;
+        uint16_t* col = dst + p * k * kCols + 2 * j;
+        for (int64_t i = 0; i < k / 2; ++i) {
+          col[i * 2 * kCols] = row[2 * i];
+          col[i * 2 * kCols + 1] = row[2 * i + 1];
+        }
+      }
+  });
+  return out;
+}
+
+// y = x W^T (+ bias), W packed by pack_linear_bf16; x: bfloat16 [..., K]; n: W's rows.
+torch::Tensor packed_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n) {
+  TORCH_CHECK(bf16_linear_available(), "packed_linear_bf16: this CPU (or build) has no AVX512-BF16");
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
+              "packed_linear_bf16: x must be a contiguous bfloat16 CPU tensor");
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.dim() == 3 && w.size(0) == panels_of(n) &&
+                  w.size(1) * 2 == k && w.size(2) == 2 * kCols,
+              "packed_linear_bf16: w is not a packed [", n, ", ", k, "] weight");
+  torch::Tensor b;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == n, "packed_linear_bf16: bias size");
+    b = bias->to(at::kFloat).contiguous();
+  }
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  auto y = torch::empty(sizes, x.options());
+#ifdef TANDEM_BF16_GEMM
+  if (m > 0)
+    linear_impl(reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()),
+                reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+                reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), b.defined() ? b.data_ptr<float>() : nullptr,
+                m, n, k);
+#endif
+  return y;
+}
