@@ -30,20 +30,24 @@ def test_add_rms_norm(ops, dtype, tol):
     torch.testing.assert_close(ops.add_rms_norm(x, None, w, 1e-5), F.rms_norm(x, (576,), w, 1e-5), atol=tol, rtol=tol)
 
 
-def test_rope_rotates_only_the_first_heads(ops):
-    x = torch.randn(5, 15, 64)
-    cos, sin = torch.randn(100, 64), torch.randn(100, 64)
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 0.0)])
+@pytest.mark.parametrize("d", [64, 20])      # 20: half a head is not a multiple of 8 (scalar tail)
+def test_rope_rotates_only_the_first_heads(ops, dtype, tol, d):
+    """bfloat16 rounds after each product and after the sum, as the PyTorch expression does: exact."""
+    x = torch.randn(5, 15, d, dtype=dtype)
+    cos, sin = torch.randn(100, d, dtype=dtype), torch.randn(100, d, dtype=dtype)
     pos = torch.tensor([0, 3, 3, 50, 99])
     ref = x.clone()
     TorchOps.rope_(ref, 12, cos, sin, pos)
     ops.rope_(x, 12, cos, sin, pos)
-    torch.testing.assert_close(x, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(x, ref, atol=tol, rtol=tol)
     assert torch.equal(x[:, 12:], ref[:, 12:])
 
 
-def test_silu_and_mul(ops):
-    x = torch.randn(9, 2 * 1537) * 4                                  # odd width: vector and scalar tails
-    torch.testing.assert_close(ops.silu_and_mul(x), TorchOps.silu_and_mul(x), atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2 ** -7)])
+def test_silu_and_mul(ops, dtype, tol):
+    x = (torch.randn(9, 2 * 1537) * 4).to(dtype)                      # odd width: vector and scalar tails
+    torch.testing.assert_close(ops.silu_and_mul(x), TorchOps.silu_and_mul(x), atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("heads, kv, d, bs", [

@@ -64,6 +64,34 @@ inline float exp_sub_sum(float* x, int64_t n, float m) {
   return sum;
 }
 
+// Eight elements at a time in float32 for the element-wise kernels below: load (widen), round to
+// the storage dtype and keep float32 (what `static_cast<T>` then `f32` does), store (narrow).
+// bfloat16 rounds to nearest even with VCVTNEPS2BF16, as c10::BFloat16 does; float16 stays scalar.
+#if defined(TANDEM_AVX2) && defined(__AVX512BF16__) && defined(__AVX512VL__)
+#define TANDEM_VEC_BF16 1
+#endif
+template <typename T>
+constexpr bool kVecElementwise = std::is_same_v<T, float>
+#ifdef TANDEM_VEC_BF16
+                                 || std::is_same_v<T, c10::BFloat16>
+#endif
+    ;
+#ifdef TANDEM_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::BFloat16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline __m256 round8(__m256 v, const float*) { return v; }
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+#ifdef TANDEM_VEC_BF16
+inline __m128i narrow8(__m256 v) { return (__m128i)_mm256_cvtneps_pbh(v); }
+inline __m256 round8(__m256 v, const c10::BFloat16*) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(narrow8(v)), 16));
+}
+inline void store8(c10::BFloat16* p, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), narrow8(v)); }
+#endif
+#endif
+
 // residual += delta (if given); out = residual * rsqrt(mean(residual^2) + eps) * weight
 template <typename T>
 void add_rms_norm_impl(T* out, T* x, const T* delta, const T* w, int64_t rows, int64_t dim, double eps) {
@@ -72,6 +100,28 @@ void add_rms_norm_impl(T* out, T* x, const T* delta, const T* w, int64_t rows, i
     for (int64_t r = begin; r < end; ++r) {
       T* xr = x + r * dim;
       float ss = 0.f;
+#ifdef TANDEM_AVX2
+      if constexpr (kVecElementwise<T>) {
+        if (dim % 8 == 0) {
+          const T* dr = delta;   // null: no residual add
+          __m256 acc = _mm256_setzero_ps();
+          for (int64_t i = 0; i < dim; i += 8) {
+            __m256 v = load8(xr + i);
+            if (dr != nullptr) {
+              v = round8(_mm256_add_ps(v, load8(dr + r * dim + i)), xr);
+              store8(xr + i, v);
+            }
+            _mm256_storeu_ps(buf.data() + i, v);
+            acc = _mm256_fmadd_ps(v, v, acc);
+          }
+          const __m256 inv = _mm256_set1_ps(1.f / std::sqrt(hsum8(acc) / static_cast<float>(dim) + static_cast<float>(eps)));
+          T* o = out + r * dim;
+          for (int64_t i = 0; i < dim; i += 8)
+            store8(o + i, _mm256_mul_ps(load8(w + i), round8(_mm256_mul_ps(_mm256_loadu_ps(buf.data() + i), inv), o)));
+          continue;
+        }
+      }
+#endif
       if (delta != nullptr) {
         const T* dr = delta + r * dim;
         for (int64_t i = 0; i < dim; ++i) {
@@ -103,7 +153,20 @@ void rope_impl(T* x, int64_t n, int64_t row_heads, int64_t heads, int64_t d, con
       const T* s = sin + pos[t] * d;
       for (int64_t h = 0; h < heads; ++h) {
         T* v = x + (t * row_heads + h) * d;
-        for (int64_t i = 0; i < half; ++i) {
+        int64_t i = 0;
+#ifdef TANDEM_AVX2
+        if constexpr (kVecElementwise<T>) {
+          for (; i + 8 <= half; i += 8) {
+            const __m256 a = load8(v + i), b = load8(v + i + half);
+            const __m256 ac = round8(_mm256_mul_ps(a, load8(c + i)), v), bs = round8(_mm256_mul_ps(b, load8(s + i)), v);
+            const __m256 bc = round8(_mm256_mul_ps(b, load8(c + i + half)), v);
+            const __m256 as = round8(_mm256_mul_ps(a, load8(s + i + half)), v);
+            store8(v + i, _mm256_sub_ps(ac, bs));
+            store8(v + i + half, _mm256_add_ps(bc, as));
+          }
+        }
+#endif
+        for (; i < half; ++i) {
           const float a = f32(v[i]), b = f32(v[i + half]);
           // Same rounding steps as q * cos + rotate_half(q) * sin in the storage dtype.
           const T ac = static_cast<T>(a * f32(c[i])), bs = static_cast<T>(b * f32(s[i]));
@@ -126,12 +189,12 @@ void silu_and_mul_impl(T* out, const T* x, int64_t rows, int64_t f) {
       T* o = out + r * f;
       int64_t i = 0;
 #ifdef TANDEM_AVX2
-      if constexpr (std::is_same_v<T, float>) {
+      if constexpr (kVecElementwise<T>) {
         const __m256 one = _mm256_set1_ps(1.f);
         for (; i + 8 <= f; i += 8) {
-          const __m256 gv = _mm256_loadu_ps(g + i);
-          const __m256 act = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
-          _mm256_storeu_ps(o + i, _mm256_mul_ps(act, _mm256_loadu_ps(u + i)));
+          const __m256 gv = load8(g + i);
+          const __m256 act = round8(_mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)))), o);
+          store8(o + i, _mm256_mul_ps(act, load8(u + i)));
         }
       }
 #endif
