@@ -53,6 +53,44 @@ def test_quant_linear_matches_the_format_reference(qtype, make, rows):
                           rtol=1e-5, atol=1e-4)
 
 
+bf16_quant = pytest.mark.skipif(kernels is None or not kernels.bf16_linear_available(),
+                                reason="no AVX512-BF16 here: bfloat16 models decode GGUF blocks to float32")
+
+
+@bf16_quant
+@pytest.mark.parametrize("qtype,make", [(0, q4_1_blocks), (1, q8_0_blocks)])
+@pytest.mark.parametrize("n, k", [(80, 192), (16, 32), (37, 1536)])     # 37: a partial 16-row group
+@pytest.mark.parametrize("rows", [1, 3, 8, 17])                         # 17: two full 8-row tiles and one row
+def test_quant_linear_bf16_is_the_exact_weights_times_x(qtype, make, n, k, rows):
+    """No weight is rounded: the result is the float32 product of the exact block values and the
+    bfloat16 activations, rounded once to bfloat16 (so within half a bfloat16 step of it)."""
+    rng = np.random.default_rng(qtype * 100 + rows + n)
+    raw, w = make(rng, n, k)
+    packed = kernels.quant_pack_bf16(torch.from_numpy(raw), qtype, n, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    bias = torch.randn(n).bfloat16()
+    want = x.double() @ torch.from_numpy(w).double().T + bias.double()
+    got = kernels.quant_linear_bf16(x, packed, bias, qtype, n)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    assert torch.allclose(got.double(), want, rtol=2 ** -8, atol=1e-3)
+    rounded_weights = x.double() @ torch.from_numpy(w).bfloat16().double().T + bias.double()
+    assert (got.double() - want).abs().mean() < (rounded_weights.bfloat16().double() - want).abs().mean() + 1e-9
+
+
+@bf16_quant
+def test_quant_linear_bf16_rejects_bad_shapes_with_a_clear_error():
+    raw, _ = q4_1_blocks(np.random.default_rng(0), 8, 64)
+    with pytest.raises(RuntimeError, match="not \\[8, 60\\] bytes"):
+        kernels.quant_pack_bf16(torch.from_numpy(raw), 0, 8, 96)
+    packed = kernels.quant_pack_bf16(torch.from_numpy(raw), 0, 8, 64)
+    with pytest.raises(RuntimeError, match="not a packed"):
+        kernels.quant_linear_bf16(torch.randn(2, 96).bfloat16(), packed, None, 0, 8)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernels.quant_linear_bf16(torch.randn(2, 64), packed, None, 0, 8)
+    with pytest.raises(RuntimeError, match="qtype"):
+        kernels.quant_linear_bf16(torch.randn(2, 64).bfloat16(), packed, None, 7, 8)
+
+
 @needs_kernels
 def test_quant_linear_rejects_bad_shapes_with_a_clear_error():
     raw, _ = q4_1_blocks(np.random.default_rng(0), 8, 64)

@@ -116,7 +116,10 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def forward_quant(self, x: torch.Tensor) -> torch.Tensor:
-        """The weight-only quantized kernel (float32 arithmetic on the GGUF blocks)."""
+        """The weight-only quantized kernel on the GGUF blocks (see tandem.models.quant)."""
+        if self.quant.packed_bf16:
+            return self.quant_ops.quant_linear_bf16(x.contiguous().to(torch.bfloat16), self.quant.data, self.bias,
+                                                    self.quant.qtype, self.out_features).to(x.dtype)
         bias = None if self.bias is None else self.bias.float()
         y = self.quant_ops.quant_linear(x.contiguous().float(), self.quant.data, bias, self.quant.qtype)
         return y if y.dtype == x.dtype else y.to(x.dtype)

@@ -4,10 +4,14 @@ A decode step at a few rows streams every weight once and does little arithmetic
 time is the bytes it reads: Q4_1 is 20 bytes per 32 weights, 6.4x fewer than float32. When a model
 comes from a GGUF file, each linear layer whose GGUF tensor is Q4_1 or Q8_0 also keeps those
 blocks (read straight from the file, Q/K rows un-permuted like the converter does) and runs the
-fused kernel `quant_linear` (csrc/cpu_ops.cpp) for steps of up to `max_rows` rows; larger steps
-(prefill chunks, big decode batches) are compute-bound and use the float32 weights. The float32
-weights are exactly the blocks' values (the converter dequantizes the same blocks), so both paths
-compute the same function up to summation order. `max_rows` is measured per weight shape at load
+fused kernel for steps of up to `max_rows` rows; larger steps (prefill chunks, big decode batches)
+are compute-bound and use the float weights. In a bfloat16 model on a CPU with AVX512-BF16 the
+blocks are repacked at load for `quant_linear_bf16` (csrc/quant_bf16.cpp: the integer q values
+times bfloat16 activations on VDPBF16PS, the scales applied per block in float32, so no weight is
+rounded); otherwise `quant_linear` (csrc/cpu_ops.cpp) decodes them to float32. The float32 weights
+are exactly the blocks' values (the converter dequantizes the same blocks), so the quantized and
+float32 paths compute the same function up to summation order; a bfloat16 model's dense weights
+are those values rounded to bfloat16, which the quantized path avoids. `max_rows` is measured per weight shape at load
 on this CPU (`choose_max_rows`): the largest row count at which the quantized kernel still wins.
 """
 
@@ -30,10 +34,16 @@ _ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 @dataclass
 class QuantWeight:
-    data: torch.Tensor          # uint8 [N, K / 32 * block bytes]
+    """A layer's GGUF blocks in one of two layouts: as the file stores them (`packed_bf16` False:
+    uint8 [N, K / 32 * block bytes], for `quant_linear`, float32 activations) or repacked for
+    bfloat16 activations on AVX512-BF16 CPUs (`packed_bf16` True: `quant_linear_bf16`'s records,
+    csrc/quant_bf16.cpp)."""
+
+    data: torch.Tensor
     qtype: int                  # QTYPES value
     in_features: int
     max_rows: int = 0           # steps of at most this many rows use the quantized kernel
+    packed_bf16: bool = False
 
 
 def record_source(model_dir: Path, gguf_path: Path) -> None:
@@ -87,7 +97,12 @@ def attach_gguf(model, gguf_path: Path, ops) -> int:
         k = linear.in_features
         if data.shape[0] != linear.out_features or data.shape[1] != k // 32 * (20 if got[0][1] == 0 else 34):
             return
-        linear.quant = QuantWeight(data, got[0][1], k)
+        qtype = got[0][1]
+        if linear.dtype == torch.bfloat16 and getattr(ops, "bf16_linear_available", lambda: False)():
+            linear.quant = QuantWeight(ops.quant_pack_bf16(data, qtype, linear.out_features, k), qtype, k,
+                                       packed_bf16=True)
+        else:
+            linear.quant = QuantWeight(data, qtype, k)
         linear.quant_ops = ops
         count += 1
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger("tandem.kernels")
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp", "quant_bf16.cpp")]
 _module: ModuleType | None = None
 _tried = False
 
@@ -69,6 +69,15 @@ class CpuKernelOps:
 
     def quant_linear(self, x, w, bias, qtype: int):
         return self.m.quant_linear(x, w, bias, qtype)
+
+    def bf16_linear_available(self) -> bool:
+        return self.m.bf16_linear_available()
+
+    def quant_pack_bf16(self, data, qtype: int, n: int, k: int):
+        return self.m.quant_pack_bf16(data, qtype, n, k)
+
+    def quant_linear_bf16(self, x, w, bias, qtype: int, n: int):
+        return self.m.quant_linear_bf16(x, w, bias, qtype, n)
 
     def paged_attention(self, q, k_cache, v_cache, table, seq, pos, block_size: int, scale: float):
         return self.m.paged_attention(q, k_cache, v_cache, table, seq, pos, block_size, scale)
