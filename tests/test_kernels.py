@@ -135,3 +135,45 @@ def test_packed_linear_bf16_refuses_bad_shapes():
         module.packed_linear_bf16(torch.randn(2, 48, dtype=torch.bfloat16), w, None, 32)
     with pytest.raises(RuntimeError, match="bfloat16"):
         module.packed_linear_bf16(torch.randn(2, 64), w, None, 32)
+
+
+prefill_bf16 = pytest.mark.skipif(module is None or not module.prefill_bf16_available(),
+                                  reason="no AVX512-BF16 on this CPU: prefill chunks go through SDPA")
+
+
+@prefill_bf16
+@pytest.mark.parametrize("bs", [16, 8, 32])
+@pytest.mark.parametrize("start, length", [(0, 1), (0, 17), (37, 50), (200, 300)])
+def test_prefill_attention_bf16_matches_causal_sdpa(bs, start, length):
+    """A chunk at positions start.. over scattered blocks equals float32 SDPA on the gathered context
+    (the kernel rounds probabilities to bfloat16 for the value product, as bfloat16 SDPA does)."""
+    torch.manual_seed(bs + start)
+    heads, kv, d = 9, 3, 64
+    ctx = start + length
+    nblocks = ctx // bs + 5
+    kc = torch.randn(kv, nblocks * bs, d, dtype=torch.bfloat16)
+    vc = torch.randn(kv, nblocks * bs, d, dtype=torch.bfloat16)
+    blocks = torch.randperm(nblocks)[:-(-ctx // bs)].to(torch.int32)
+    q = torch.randn(length, heads, d, dtype=torch.bfloat16)
+    got = CpuKernelOps(module).prefill_attention(q, kc, vc, blocks, start, bs, d ** -0.5)
+    assert got.dtype == torch.bfloat16 and got.shape == (length, heads * d)
+    slots = torch.cat([torch.arange(int(b) * bs, int(b) * bs + bs) for b in blocks])[:ctx]
+    allowed = torch.arange(ctx)[None, :] <= (start + torch.arange(length))[:, None]
+    ref = F.scaled_dot_product_attention(q.float().transpose(0, 1)[None], kc[:, slots].float()[None],
+                                         vc[:, slots].float()[None], attn_mask=allowed, enable_gqa=True)
+    torch.testing.assert_close(got.float(), ref[0].transpose(0, 1).reshape(length, -1), atol=2e-2, rtol=2e-2)
+
+
+@prefill_bf16
+def test_prefill_attention_declines_what_it_does_not_cover():
+    """float32 or another head size: None, and the backend uses SDPA."""
+    ops = CpuKernelOps(module)
+    kc = torch.zeros(1, 32, 64)
+    assert ops.prefill_attention(torch.zeros(4, 2, 64), kc, kc, torch.zeros(2, dtype=torch.int32), 0, 16, 1.0) is None
+    kc = torch.zeros(1, 32, 32, dtype=torch.bfloat16)
+    assert ops.prefill_attention(torch.zeros(4, 2, 32, dtype=torch.bfloat16), kc, kc,
+                                 torch.zeros(2, dtype=torch.int32), 0, 16, 1.0) is None
+    with pytest.raises(RuntimeError, match="too short"):
+        kc = torch.zeros(1, 32, 64, dtype=torch.bfloat16)
+        ops.prefill_attention(torch.zeros(40, 2, 64, dtype=torch.bfloat16), kc, kc,
+                              torch.zeros(2, dtype=torch.int32), 0, 16, 1.0)

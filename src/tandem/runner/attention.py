@@ -5,7 +5,8 @@ gathering a sequence's context yields `[kv_head, T, D]` directly in the layout b
 wants. Each step first writes the new tokens' K/V into their slots, then attends: requests with a
 few query tokens (decodes, speculative verification) go through one padded, batched matmul
 attention; long prefill chunks go one by one through SDPA with a causal mask offset by the
-cached context. A step's KV is written before any of its attention reads it, which is what lets a
+cached context, or through the fused flash-style kernel where it applies (bfloat16 on AVX512-BF16).
+A step's KV is written before any of its attention reads it, which is what lets a
 request share prefix blocks that another request fills in the same step.
 """
 
@@ -46,6 +47,8 @@ class PrefillSeq:
     q_end: int
     ctx_slots: torch.Tensor             # [T] slots of the whole context (cached + this chunk)
     mask: torch.Tensor | None           # [q, T] bool (True = attend), None = plain causal
+    start: int = 0                      # position of the chunk's first query
+    blocks: torch.Tensor | None = None  # int32 block ids covering the context (for the fused kernel)
 
 
 @dataclass
@@ -79,6 +82,7 @@ class AttentionBackend:
     def __init__(self, cache: PagedKVCache, num_heads: int, num_kv_heads: int, head_dim: int, ops=None) -> None:
         self.cache = cache
         self.kernel = getattr(ops, "paged_attention", None)   # fused paged attention, if the ops have it
+        self.prefill_kernel = getattr(ops, "prefill_attention", None)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.group = num_heads // num_kv_heads
@@ -123,6 +127,10 @@ class AttentionBackend:
         return o
 
     def _prefill(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, p: PrefillSeq) -> torch.Tensor:
+        if self.prefill_kernel is not None and p.blocks is not None:
+            out = self.prefill_kernel(q.contiguous(), kc, vc, p.blocks, p.start, self.cache.block_size, self.scale)
+            if out is not None:
+                return out
         keys = kc.index_select(1, p.ctx_slots).unsqueeze(0)               # [1, KV, T, D]
         vals = vc.index_select(1, p.ctx_slots).unsqueeze(0)
         qh = q.transpose(0, 1).unsqueeze(0)                               # [1, H, q, D]

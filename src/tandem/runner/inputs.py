@@ -113,4 +113,7 @@ def _prefill_seq(s: ScheduledSeq, row: int, block_size: int, device: torch.devic
     if s.start > 0:
         q_pos = torch.arange(s.start, end)
         mask = (torch.arange(end)[None, :] <= q_pos[:, None]).to(device)
-    return PrefillSeq(q_start=row, q_end=row + s.num_tokens, ctx_slots=ctx.to(device), mask=mask)
+    used = -(-end // block_size)
+    blocks = torch.tensor(s.block_ids[:used], dtype=torch.int32, device=device)
+    return PrefillSeq(q_start=row, q_end=row + s.num_tokens, ctx_slots=ctx.to(device), mask=mask, start=s.start,
+                      blocks=blocks)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger("tandem.kernels")
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp", "quant_bf16.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp", "quant_bf16.cpp", "prefill_bf16.cpp")]
 _module: ModuleType | None = None
 _tried = False
 
@@ -81,6 +81,13 @@ class CpuKernelOps:
 
     def paged_attention(self, q, k_cache, v_cache, table, seq, pos, block_size: int, scale: float):
         return self.m.paged_attention(q, k_cache, v_cache, table, seq, pos, block_size, scale)
+
+    def prefill_attention(self, q, k_cache, v_cache, blocks, start: int, block_size: int, scale: float):
+        """Causal attention of one prefill chunk, or None where the fused kernel does not apply
+        (not bfloat16, head_dim other than 64, or no AVX512-BF16): the caller falls back to SDPA."""
+        if (q.dtype != torch.bfloat16 or q.shape[-1] != 64 or not self.m.prefill_bf16_available()):
+            return None
+        return self.m.prefill_attention_bf16(q, k_cache, v_cache, blocks, start, block_size, scale)
 
 
 def load_cpu_kernels() -> ModuleType | None:

@@ -413,9 +413,15 @@ void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const in
                           const int32_t* seq, const int32_t* pos, int64_t n, int64_t heads, int64_t kv_heads,
                           int64_t d, int64_t slots, int64_t max_blocks, int64_t bs, float scale) {
   const int64_t g_size = heads / kv_heads;
-  at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // Items (query, kv head) are dealt round robin over the threads: a prefill chunk's queries see
+  // ever longer contexts, and contiguous halves would give one thread three times the work.
+  const int64_t items = n * kv_heads, threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  const int64_t chunk = (items + threads - 1) / threads;
+  at::parallel_for(0, chunk * threads, chunk, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, res, qf(g_size * d), acc(g_size * d);
-    for (int64_t item = begin; item < end; ++item) {
+    for (int64_t j = begin; j < end; ++j) {
+      const int64_t item = (j % chunk) * threads + j / chunk;
+      if (item >= items) continue;
       const int64_t i = item / kv_heads, h = item % kv_heads;
       const int64_t ctx = static_cast<int64_t>(pos[i]) + 1;
       const int32_t* blocks = table + static_cast<int64_t>(seq[i]) * max_blocks;
@@ -861,6 +867,10 @@ torch::Tensor packed_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional
 torch::Tensor quant_pack_bf16(torch::Tensor data, int64_t qtype, int64_t n, int64_t k);
 torch::Tensor quant_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t qtype,
                                 int64_t n);
+// prefill_bf16.cpp
+bool prefill_bf16_available();
+torch::Tensor prefill_attention_bf16(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor blocks,
+                                     int64_t start, int64_t block_size, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += delta (optional); return rms_norm(x) * w");
@@ -875,5 +885,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear_bf16", &quant_linear_bf16, "bfloat16 x @ W^T (+ bias) with W packed by quant_pack_bf16");
   m.def("quant_linear", &quant_linear, "x @ W^T (+ bias) with W in GGML Q4_1 / Q8_0 blocks");
   m.def("quant_dequantize", &quant_dequantize, "float32 weights of GGML Q4_1 / Q8_0 blocks");
+  m.def("prefill_bf16_available", &prefill_bf16_available, "whether prefill_attention_bf16 runs here");
+  m.def("prefill_attention_bf16", &prefill_attention_bf16, "causal attention of one bfloat16 prefill chunk, paged");
   m.def("paged_attention", &paged_attention, "attention over paged K/V for queries at given positions");
 }
