@@ -11,8 +11,9 @@ times bfloat16 activations on VDPBF16PS, the scales applied per block in float32
 rounded); otherwise `quant_linear` (csrc/cpu_ops.cpp) decodes them to float32. The float32 weights
 are exactly the blocks' values (the converter dequantizes the same blocks), so the quantized and
 float32 paths compute the same function up to summation order; a bfloat16 model's dense weights
-are those values rounded to bfloat16, which the quantized path avoids. `max_rows` is measured per weight shape at load
-on this CPU (`choose_max_rows`): the largest row count at which the quantized kernel still wins.
+are those values rounded to bfloat16, which the quantized path avoids. `max_rows` is measured per
+weight shape at load on this CPU (`choose_max_rows`): the largest row count at which the quantized
+kernel still wins.
 """
 
 from __future__ import annotations
