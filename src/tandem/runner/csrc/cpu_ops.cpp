@@ -64,8 +64,9 @@ inline float exp_sub_sum(float* x, int64_t n, float m) {
   return sum;
 }
 
-// Eight elements at a time in float32 for the element-wise kernels below: load (widen), round to
-// the storage dtype and keep float32 (what `static_cast<T>` then `f32` does), store (narrow).
+// Eight elements at a time in float32 for the element-wise kernels below and paged attention:
+// load (ld8: widen), round to the storage dtype and keep float32 (what `static_cast<T>` then `f32`
+// does), store (narrow).
 // bfloat16 rounds to nearest even with VCVTNEPS2BF16, as c10::BFloat16 does; float16 stays scalar.
 #if defined(TANDEM_AVX2) && defined(__AVX512BF16__) && defined(__AVX512VL__)
 #define TANDEM_VEC_BF16 1
@@ -77,10 +78,15 @@ constexpr bool kVecElementwise = std::is_same_v<T, float>
 #endif
     ;
 #ifdef TANDEM_AVX2
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+// Eight elements as float32: float as is, bfloat16 by a 16-bit shift (exact), float16 by F16C.
+inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 ld8(const c10::BFloat16* p) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
 }
+#ifdef __F16C__
+inline __m256 ld8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
 inline __m256 round8(__m256 v, const float*) { return v; }
 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 #ifdef TANDEM_VEC_BF16
@@ -106,9 +112,9 @@ void add_rms_norm_impl(T* out, T* x, const T* delta, const T* w, int64_t rows, i
           const T* dr = delta;   // null: no residual add
           __m256 acc = _mm256_setzero_ps();
           for (int64_t i = 0; i < dim; i += 8) {
-            __m256 v = load8(xr + i);
+            __m256 v = ld8(xr + i);
             if (dr != nullptr) {
-              v = round8(_mm256_add_ps(v, load8(dr + r * dim + i)), xr);
+              v = round8(_mm256_add_ps(v, ld8(dr + r * dim + i)), xr);
               store8(xr + i, v);
             }
             _mm256_storeu_ps(buf.data() + i, v);
@@ -117,7 +123,7 @@ void add_rms_norm_impl(T* out, T* x, const T* delta, const T* w, int64_t rows, i
           const __m256 inv = _mm256_set1_ps(1.f / std::sqrt(hsum8(acc) / static_cast<float>(dim) + static_cast<float>(eps)));
           T* o = out + r * dim;
           for (int64_t i = 0; i < dim; i += 8)
-            store8(o + i, _mm256_mul_ps(load8(w + i), round8(_mm256_mul_ps(_mm256_loadu_ps(buf.data() + i), inv), o)));
+            store8(o + i, _mm256_mul_ps(ld8(w + i), round8(_mm256_mul_ps(_mm256_loadu_ps(buf.data() + i), inv), o)));
           continue;
         }
       }
@@ -157,10 +163,10 @@ void rope_impl(T* x, int64_t n, int64_t row_heads, int64_t heads, int64_t d, con
 #ifdef TANDEM_AVX2
         if constexpr (kVecElementwise<T>) {
           for (; i + 8 <= half; i += 8) {
-            const __m256 a = load8(v + i), b = load8(v + i + half);
-            const __m256 ac = round8(_mm256_mul_ps(a, load8(c + i)), v), bs = round8(_mm256_mul_ps(b, load8(s + i)), v);
-            const __m256 bc = round8(_mm256_mul_ps(b, load8(c + i + half)), v);
-            const __m256 as = round8(_mm256_mul_ps(a, load8(s + i + half)), v);
+            const __m256 a = ld8(v + i), b = ld8(v + i + half);
+            const __m256 ac = round8(_mm256_mul_ps(a, ld8(c + i)), v), bs = round8(_mm256_mul_ps(b, ld8(s + i)), v);
+            const __m256 bc = round8(_mm256_mul_ps(b, ld8(c + i + half)), v);
+            const __m256 as = round8(_mm256_mul_ps(a, ld8(s + i + half)), v);
             store8(v + i, _mm256_sub_ps(ac, bs));
             store8(v + i + half, _mm256_add_ps(bc, as));
           }
@@ -192,9 +198,9 @@ void silu_and_mul_impl(T* out, const T* x, int64_t rows, int64_t f) {
       if constexpr (kVecElementwise<T>) {
         const __m256 one = _mm256_set1_ps(1.f);
         for (; i + 8 <= f; i += 8) {
-          const __m256 gv = load8(g + i);
+          const __m256 gv = ld8(g + i);
           const __m256 act = round8(_mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)))), o);
-          store8(o + i, _mm256_mul_ps(act, load8(u + i)));
+          store8(o + i, _mm256_mul_ps(act, ld8(u + i)));
         }
       }
 #endif
@@ -283,15 +289,7 @@ inline void prefetch_block(const void* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
 }
 
-// Eight K/V elements as float32: float as is, bfloat16 by a 16-bit shift (exact), float16 by F16C.
-inline __m256 ld8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 ld8(const c10::BFloat16* p) {
-  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-}
-#ifdef __F16C__
-inline __m256 ld8(const c10::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-#endif
+// K/V are read with ld8 (above): float32, bfloat16 or float16 widened to float32.
 template <typename T>
 constexpr bool kVectorKV = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>
 #ifdef __F16C__
@@ -323,9 +321,9 @@ inline void prefetch_ahead(const T* base, const int32_t* blocks, int64_t b, int6
                    std::min(bs, ctx - a * bs) * d * static_cast<int64_t>(sizeof(T)));
 }
 
-// One (query, kv head) item of paged attention for float32, bfloat16 or float16 K/V (read as float32)
-// and head_dim % 64 == 0, with the
-// accumulators in named registers (GCC spills arrays of __m256 to memory on every iteration).
+// One (query, kv head) item of paged attention for float32, bfloat16 or float16 K/V (read as
+// float32) and head_dim % 64 == 0, with the accumulators in named registers (GCC spills arrays
+// of __m256 to memory on every iteration).
 // Scores: eight context rows at a time, one vector of eight dot products per pass (no horizontal
 // sum per row). Weighted V sum: per 64 dims, eight accumulators, one broadcast per row. The next
 // block is prefetched while this one is read: paged blocks are scattered, one 4 KB page each at
