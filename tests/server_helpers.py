@@ -15,6 +15,7 @@ import uvicorn
 
 from tandem import LLM
 from tandem.engine.async_engine import AsyncLLMEngine
+from tandem.server.launch import http_protocol
 
 
 class LiveServer:
@@ -22,7 +23,7 @@ class LiveServer:
 
     def __init__(self, app: Any) -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=2)
+                                timeout_graceful_shutdown=2, http=http_protocol())   # tandem serve's own
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
         self.thread.start()

@@ -276,6 +276,31 @@ def test_drain_deadline_ends_requests_with_errors_and_done(tiny_llama, caplog):
     assert not [rec for rec in caplog.records if "Cancel" in rec.getMessage() and "task" in rec.getMessage()]
 
 
+def raw_exchange(server, request: bytes) -> tuple[bytes, bytes]:
+    """Send `request` bytes as they are; the reply's head and body (the server closes after it)."""
+    import socket
+
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return head, body
+
+
+@pytest.mark.parametrize("header", [b"Content-Length: abc", b"Content-Length: -5", b"Content-Length: 5, 7"])
+def test_an_invalid_content_length_gets_an_openai_400(server, header):
+    head, body = raw_exchange(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                      b"Content-Type: application/json\r\n" + header + b"\r\n\r\n{}")
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert b"content-type: application/json" in head.lower()
+    err = json.loads(body)["error"]
+    assert err["code"] == "invalid_http" and "Content-Length" in err["message"]
+    assert post(server, COMP, comp()).status_code == 200                  # the server keeps serving
+
+
 def test_a_trickling_body_gets_408(engine):
     import socket
 

@@ -35,6 +35,31 @@ def usage_banner(host: str, port: int, model_name: str, api_key: str | None) -> 
 DRAIN_MARGIN_S = 2.0        # uvicorn cancels tasks this long after the app's own drain deadline
 
 
+def http_protocol() -> type:
+    """uvicorn's h11 protocol, except that the 400 it sends for a request h11 refuses before the app
+    sees it (an invalid Content-Length, a malformed request line or header) has an OpenAI error body
+    like every other 400, instead of uvicorn's plain text."""
+    import json
+
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from tandem.server.errors import error_body
+
+    class OpenAIErrorH11Protocol(H11Protocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps(error_body(400, "malformed HTTP request (for example an invalid Content-Length "
+                                              "or request line): " + msg, None, "invalid_http")).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                       (b"connection", b"close")]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                          h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return OpenAIErrorH11Protocol
+
+
 def make_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, drain_timeout_s: float = 30.0,
                 log_level: str = "info") -> Any:
     """A uvicorn server for `app` (from `create_app`) whose shutdown starts the app's drain deadline."""
@@ -47,7 +72,7 @@ def make_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, drain_ti
                 drain.begin()
             await super().shutdown(sockets)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=http_protocol(),
                             timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s + DRAIN_MARGIN_S)))
     return _Server(config)
 
