@@ -31,7 +31,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--kv-cache-memory-gb", type=float, default=0.5)
+    g.add_argument("--kv-cache-memory-gb", type=float, default=None,
+                   help="KV cache size (default: a tenth of free memory, at most what --max-num-seqs full "
+                        "contexts need)")
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--scheduling-policy", default="fcfs",

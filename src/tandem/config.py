@@ -35,7 +35,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
-    kv_cache_memory_gb: float = 0.5     # used when num_blocks is not given
+    kv_cache_memory_gb: float | None = None   # None: sized from free memory (see tandem.llm.kv_cache_bytes)
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     swap_space_gb: float = 0.25         # host memory for KV swapped out during tool pauses
@@ -47,7 +47,7 @@ class CacheConfig:
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")
-        if self.num_blocks is None and self.kv_cache_memory_gb <= 0:
+        if self.num_blocks is None and self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise ConfigError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
 
 

@@ -22,7 +22,7 @@ from tandem.models.fetch import resolve_model
 from tandem.models.loader import load_arch, load_model
 from tandem.outputs import RequestOutput
 from tandem.runner.attention import PagedKVCache
-from tandem.runner.device import resolve_device, resolve_dtype
+from tandem.runner.device import available_memory_bytes, resolve_device, resolve_dtype
 from tandem.runner.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
@@ -48,7 +48,11 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     tokenizer = Tokenizer(model_dir)
     bytes_per_block = PagedKVCache.bytes_per_block(arch.num_layers, cache_cfg.block_size, arch.num_kv_heads,
                                                    arch.head_dim, dtype)
-    num_blocks = cache_cfg.num_blocks or int(cache_cfg.kv_cache_memory_gb * 2**30 // bytes_per_block)
+    context = model_cfg.max_model_len or min(arch.max_position_embeddings,
+                                             arch.sliding_window or arch.max_position_embeddings)
+    need = -(-sched_cfg.max_num_seqs * context // cache_cfg.block_size) * bytes_per_block
+    num_blocks = cache_cfg.num_blocks or int(kv_cache_bytes(cache_cfg.kv_cache_memory_gb, device, need)
+                                             // bytes_per_block)
     max_len = _max_model_len(model_cfg, arch.max_position_embeddings, arch.sliding_window,
                              num_blocks * cache_cfg.block_size)
     model = load_model(model_dir, dtype, device, max_positions=max_len)
@@ -78,6 +82,23 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
                           swap_s_per_token=swap_s, frontiers=frontiers)
     runtime = ToolRuntime(tools, tokenizer) if tools is not None else None
     return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime)
+
+
+KV_MIN_AUTO_BYTES = 2**29                   # an automatic KV cache gets at least 0.5 GiB (if needed)
+KV_AUTO_FRACTION = {"cpu": 0.1, "cuda": 0.3}   # of the memory free before the model loads
+
+
+def kv_cache_bytes(memory_gb: float | None, device: torch.device, need_bytes: int) -> int:
+    """Bytes of KV cache: `memory_gb` when given; else (`None`, the default) a share of the memory
+    free now (KV_AUTO_FRACTION, at least 0.5 GiB), but never more than `need_bytes`, what
+    max_num_seqs requests at the full context would fill. vLLM sizes its cache from memory too
+    (gpu_memory_utilization); a fixed small cache caps how many requests run at once, and so the
+    batch a decode step amortizes its weight reads over (ShareGPT's 64 requests at once need ~30k
+    tokens: 1.4 GB of float32 KV for the default model)."""
+    if memory_gb is not None:
+        return int(memory_gb * 2**30)
+    share = KV_AUTO_FRACTION.get(device.type, KV_AUTO_FRACTION["cpu"]) * available_memory_bytes(device)
+    return int(min(need_bytes, max(KV_MIN_AUTO_BYTES, share)))
 
 
 def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
@@ -131,7 +152,7 @@ def _max_model_len(cfg: ModelConfig, model_max: int, window: int | None, kv_toke
 class LLM:
     def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "auto",
                  max_model_len: int | None = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
-                 kv_cache_memory_gb: float = 0.5, num_kv_blocks: int | None = None, block_size: int = 16,
+                 kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None, block_size: int = 16,
                  enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
                  num_threads: int | None = None, speculative: SpecConfig | str | None = None,
                  tools: ToolRegistry | list[str] | bool | None = None, swap_space_gb: float = 0.25,

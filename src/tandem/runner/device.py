@@ -36,6 +36,21 @@ def cpu_info() -> dict[str, str]:
     return fields
 
 
+def available_memory_bytes(device: torch.device) -> int:
+    """Memory free for new tensors on `device`: MemAvailable of /proc/meminfo on CPU (0 where there
+    is none), the device's free memory on CUDA."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def cpu_has_fast_bf16() -> bool:
     """True if this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX); else bf16 is emulated and slow.
 
