@@ -31,6 +31,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--target-tpot-ms", type=float, default=None,
+                   help="hold running requests' mean time per output token to this while prompts are "
+                        "prefilled, by lowering the step's token budget (default: off)")
+    g.add_argument("--ttft-guard-ms", type=float, default=1000.0,
+                   help="... except once a prompt has waited this long for its first token")
     g.add_argument("--kv-cache-memory-gb", type=float, default=None,
                    help="KV cache size (default: a tenth of free memory, at most what --max-num-seqs full "
                         "contexts need)")
@@ -96,7 +101,8 @@ def _make_llm(a: argparse.Namespace, **overrides):
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
               kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
               seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
-              swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization)
+              swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization,
+              target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms)
     kw.update(overrides)
     return LLM(**kw)
 

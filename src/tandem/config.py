@@ -15,6 +15,8 @@ class SchedulerConfig:
     policy: str = "fcfs"                # fcfs | fcfs-discard | infercept | augserve[-stage1|-stage2]
     enable_chunked_prefill: bool = True
     watermark: float = 0.01             # fraction of KV blocks kept free when admitting new requests
+    target_tpot_s: float | None = None  # hold running requests' mean TPOT to this (sched.budget.TpotGuard)
+    ttft_guard_s: float = 1.0           # ... unless a prompt has waited this long for its first token
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -25,6 +27,10 @@ class SchedulerConfig:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError("without chunked prefill, max_num_batched_tokens must be >= max_model_len")
+        if self.target_tpot_s is not None and self.target_tpot_s <= 0:
+            raise ConfigError(f"target_tpot_s must be > 0, got {self.target_tpot_s}")
+        if self.ttft_guard_s <= 0:
+            raise ConfigError(f"ttft_guard_s must be > 0, got {self.ttft_guard_s}")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark}")
         from tandem.sched.policies import POLICY_NAMES

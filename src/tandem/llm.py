@@ -156,14 +156,16 @@ class LLM:
                  enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
                  num_threads: int | None = None, speculative: SpecConfig | str | None = None,
                  tools: ToolRegistry | list[str] | bool | None = None, swap_space_gb: float = 0.25,
-                 progress: bool = True, quantization: str = "auto") -> None:
+                 progress: bool = True, quantization: str = "auto", target_tpot_ms: float | None = None,
+                 ttft_guard_ms: float = 1000.0) -> None:
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
                                 num_threads=num_threads, quantization=quantization)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
                                 num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
                                 swap_space_gb=swap_space_gb)
         sched_cfg = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                    policy=scheduling_policy)
+                                    policy=scheduling_policy, ttft_guard_s=ttft_guard_ms / 1000,
+                                    target_tpot_s=target_tpot_ms / 1000 if target_tpot_ms else None)
         self.tool_registry = _as_registry(tools)
         self.engine = build_engine(model_cfg, cache_cfg, sched_cfg, as_spec_config(speculative), progress,
                                    self.tool_registry)

@@ -8,6 +8,8 @@ tokens, which are never lost). Then waiting requests are admitted in the orderin
 budget, `max_num_seqs` and KV blocks allow, reusing cached prefixes. `update()` appends sampled
 tokens and decides which requests finish (stop token, max_tokens, context length).
 
+With a TPOT target (`config.target_tpot_s`) a `TpotGuard` lowers the step's budget while decodes
+run, so that prefill chunks spend only the slack their mean time per output token leaves.
 Draft lengths (FASER) come from the draft-length policy and are charged to the budget. A tool
 call pauses a request (`pause_request`); the scheduling policy decides what happens to its KV and,
 with AugServe, the order of admission and the step's token budget (see policies.py).
@@ -23,6 +25,7 @@ import itertools
 from tandem.config import SchedulerConfig
 from tandem.errors import ConfigError
 from tandem.kv import KVCacheManager
+from tandem.sched.budget import TpotGuard
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.ordering import tool_key
 from tandem.sched.pauses import PauseBook
@@ -52,7 +55,10 @@ class Scheduler:
         self.spec_policy = spec_policy
         self.max_draft_tokens = max_draft_tokens if spec_policy is not None else 0
         self.frontiers = frontiers if spec_policy is not None else None   # per-step frontier choice
+        self.tpot_guard = (TpotGuard(config.target_tpot_s, self.cost, config.ttft_guard_s)
+                           if config.target_tpot_s else None)
         self._step_started: float | None = None
+        self._step_had_decodes = False
         self.spec_stats = SpecStats()          # engine-wide speculation counters
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []      # kept sorted by the ordering's key
@@ -156,6 +162,10 @@ class Scheduler:
         if self.ordering.dynamic:
             self.waiting.sort(key=lambda r: self.ordering.key(r, now))
         budget = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks, self.pauses.num_held_blocks)
+        num_decodes = sum(1 for r in self.running if r.times.first_token is not None)
+        self._step_had_decodes = num_decodes > 0
+        if self.tpot_guard is not None:
+            budget = self.tpot_guard.cap(budget, num_decodes, self._oldest_first_token_wait(now))
         plan = StepPlan(swap_out=self.pauses.take_swap_outs())
         budget = self._schedule_running(plan, budget, now)
         if self.max_draft_tokens:
@@ -166,6 +176,11 @@ class Scheduler:
         self.pauses.end_step()
         self._step_started = now
         return plan
+
+    def _oldest_first_token_wait(self, now: float) -> float:
+        """Seconds the longest-waiting request without a first token has waited (0 if none)."""
+        starts = [r.times.arrival for r in itertools.chain(self.waiting, self.running) if r.times.first_token is None]
+        return now - min(starts) if starts else 0.0
 
     def _assign_drafts(self, plan: StepPlan, budget: int) -> int:
         """Let the draft-length policy give running decodes draft slots (within budget and KV)."""
@@ -343,6 +358,8 @@ class Scheduler:
         for rid, n in result.draft_available.items():
             if rid in self.requests:
                 self.requests[rid].draft_available = n
+        if self._step_started is not None and self.tpot_guard is not None:
+            self.tpot_guard.observe(now - self._step_started, self._step_had_decodes)
         if self._step_started is None or plan.frontier_size:
             return      # (a step verified in frontiers took extra passes its token count does not show)
         unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
