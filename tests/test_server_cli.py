@@ -37,6 +37,10 @@ def test_serve_defaults():
     assert served_model_name(None) == "SmolLM2-135M-Instruct"
     assert served_model_name("/models/Qwen3-0.6B/") == "Qwen3-0.6B"
     assert served_model_name("/m/tiny.Q4_0.gguf") == "tiny.Q4_0"
+    # the server's step budget is vLLM's server default; offline commands keep the smaller one
+    assert a.max_num_batched_tokens == 2048 and a.kv_cache_memory_gb is None and a.target_tpot_ms is None
+    assert build_parser().parse_args(["generate", "hi"]).max_num_batched_tokens == 512
+    assert build_parser().parse_args(["serve", "--max-num-batched-tokens", "256"]).max_num_batched_tokens == 256
 
 
 def test_serve_speculation_flags():

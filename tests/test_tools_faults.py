@@ -1,4 +1,4 @@
-"""Tool-call faults: unknown tool, malformed call, a tool that raises, a timeout, a huge result, too
+"""Tool-call faults: unknown tool, malformed call, a tool that raises, a timeout, a 10 MB result, too
 many calls. Each faulty request gets a tool error message or a clear finish reason; the others are
 undisturbed; no KV block leaks. The model is a canned test double (it emits given text token by
 token); tokenizer, detokenizer, parser, tool runtime, scheduler and KV manager are the real ones."""
@@ -79,7 +79,7 @@ def test_calculator_round_trip_and_faults(setup):
     malformed = add([tool('{"name": "calculator", "arguments": {"expression": '), " oops."])
     raises = add([tool('{"name": "boom", "arguments": {"x": "1"}}'), " hm."])
     timeout = add([tool('{"name": "slow", "arguments": {"x": "1"}}'), " waited."])
-    huge = add([tool('{"name": "huge", "arguments": {"n": "5000"}}'), " long."])
+    huge = add([tool('{"name": "huge", "arguments": {"n": "10485760"}}'), " long."])      # 10 MB
     plain = add(["Just text, no tools."], tools=False)
     outs = run()
     log = {rid: outs[rid].metrics.extra.get("tools", []) for rid in outs}
@@ -89,7 +89,7 @@ def test_calculator_round_trip_and_faults(setup):
     assert "malformed tool call" in log[malformed][0]["result"]
     assert "ValueError: boom" in log[raises][0]["result"]
     assert "timed out" in log[timeout][0]["result"]
-    assert log[huge][0]["result"].startswith("z" * 100) and "[truncated 4900 characters]" in log[huge][0]["result"]
+    assert log[huge][0]["result"].startswith("z" * 100) and "[truncated 10485660 characters]" in log[huge][0]["result"]
     assert outs[plain].text == "Just text, no tools." and "tools" not in outs[plain].metrics.extra
     for rid in (unknown, malformed, raises, timeout, huge):
         assert outs[rid].finish_reason == "stop"            # each carried on after its error message

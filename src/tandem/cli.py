@@ -21,7 +21,10 @@ from tandem.errors import TandemError
 from tandem.sim.cli_args import add_predictor_parser, add_simulate_parser
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+SERVE_BATCHED_TOKENS = 2048   # `tandem serve`'s step budget, vLLM's server default (docs/benchmarks.md)
+
+
+def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 (auto: bf16 where fast)")
@@ -29,7 +32,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quantization", choices=["auto", "gguf", "none"], default="auto",
                    help="auto/gguf: a model from a GGUF keeps its Q4_1/Q8_0 blocks for small steps on CPU")
     g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
+    g.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens,
+                   help=f"tokens one step computes, prefill chunks and decodes (default {max_num_batched_tokens})")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--target-tpot-ms", type=float, default=None,
                    help="hold running requests' mean time per output token to this while prompts are "
@@ -208,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tools", default="", help="server-side built-in tools, e.g. calculator,retrieve")
     s.add_argument("--tools-module", default=None, help="a module whose register(registry) adds Python tools")
     s.add_argument("--tools-docs", default=None, help="folder of .txt/.md documents for the retrieve tool")
-    _model_args(s)
+    _model_args(s, SERVE_BATCHED_TOKENS)
     s.set_defaults(func=cmd_serve)
 
     g = sub.add_parser("generate", help="generate text from one prompt")
