@@ -6,6 +6,7 @@ at most 8 output tokens); `TANDEM_SCHEMA_EXAMPLES=N` runs N random ones each, th
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 import schemathesis
@@ -75,5 +76,6 @@ def test_no_server_errors(api_schema, path, variant):
             assert response.json()["error"]["message"]
 
     run()
+    print(f"{path} {variant}: {len(statuses)} cases, statuses {dict(sorted(Counter(statuses).items()))}")
     if steer:
         assert 200 in statuses, statuses   # the steered cases do reach the engine

@@ -162,9 +162,9 @@ class Scheduler:
         if self.ordering.dynamic:
             self.waiting.sort(key=lambda r: self.ordering.key(r, now))
         budget = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks, self.pauses.num_held_blocks)
-        num_decodes = sum(1 for r in self.running if r.times.first_token is not None)
-        self._step_had_decodes = num_decodes > 0
         if self.tpot_guard is not None:
+            num_decodes = sum(1 for r in self.running if r.times.first_token is not None)
+            self._step_had_decodes = num_decodes > 0
             budget = self.tpot_guard.cap(budget, num_decodes, self._oldest_first_token_wait(now))
         plan = StepPlan(swap_out=self.pauses.take_swap_outs())
         budget = self._schedule_running(plan, budget, now)
