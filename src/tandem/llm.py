@@ -48,8 +48,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     tokenizer = Tokenizer(model_dir)
     bytes_per_block = PagedKVCache.bytes_per_block(arch.num_layers, cache_cfg.block_size, arch.num_kv_heads,
                                                    arch.head_dim, dtype)
-    context = model_cfg.max_model_len or min(arch.max_position_embeddings,
-                                             arch.sliding_window or arch.max_position_embeddings)
+    context = model_cfg.max_model_len or _context_limit(arch.max_position_embeddings, arch.sliding_window)
     need = -(-sched_cfg.max_num_seqs * context // cache_cfg.block_size) * bytes_per_block
     num_blocks = cache_cfg.num_blocks or int(kv_cache_bytes(cache_cfg.kv_cache_memory_gb, device, need)
                                              // bytes_per_block)
@@ -137,8 +136,13 @@ def as_spec_config(speculative: SpecConfig | str | None) -> SpecConfig | None:
     raise ConfigError(f"speculative must be a SpecConfig or a method name, got {speculative!r}")
 
 
+def _context_limit(model_max: int, window: int | None) -> int:
+    """The longest context the model supports (its positions, or its sliding window if shorter)."""
+    return min(model_max, window or model_max)
+
+
 def _max_model_len(cfg: ModelConfig, model_max: int, window: int | None, kv_tokens: int) -> int:
-    limit = min(model_max, window or model_max)
+    limit = _context_limit(model_max, window)
     if cfg.max_model_len is not None:
         if cfg.max_model_len > limit:
             raise ConfigError(f"max_model_len {cfg.max_model_len} exceeds the model's context {limit}")
