@@ -176,12 +176,15 @@ def test_sampled_speculation_end_to_end_matches_the_target(tiny_loopy, spec, tem
     from scipy.stats import chi2 as chi2_dist
 
     prompt = [11, 12] * 9
-    params = SamplingParams(max_tokens=6, temperature=temperature, ignore_eos=True)
     base = LLM(model=str(tiny_loopy), dtype="float32", progress=False)
     fast = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative=spec)
     n = 500
-    a = base.generate(prompt_token_ids=[prompt] * n, sampling_params=params)
-    b = fast.generate(prompt_token_ids=[prompt] * n, sampling_params=params)
+    # Seeded rows (independent seeds for the two runs): the samples do not depend on the overlapped
+    # drafter's thread timing, so the verdict cannot flip from run to run.
+    seeded = lambda first: [SamplingParams(max_tokens=6, temperature=temperature, ignore_eos=True, seed=first + i)
+                            for i in range(n)]  # noqa: E731
+    a = base.generate(prompt_token_ids=[prompt] * n, sampling_params=seeded(0))
+    b = fast.generate(prompt_token_ids=[prompt] * n, sampling_params=seeded(n))
     assert fast.engine.scheduler.spec_stats.num_draft_tokens > 50
     ca: dict[int, int] = {}
     cb: dict[int, int] = {}
