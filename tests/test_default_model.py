@@ -15,7 +15,8 @@ N_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
-    return LLM(dtype="float32", progress=False, quantization="none")   # exactness is the float path's
+    # exactness is the float path's (float32 weights and a float32 KV cache)
+    return LLM(dtype="float32", progress=False, quantization="none", kv_cache_dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,8 @@ def test_batch_of_16_equals_alone_except_near_ties(llm, prompts, alone):
 
 def test_small_kv_pool_preempts_and_still_gives_the_same_outputs(default_model_dir, prompts, alone, llm):
     # 16 requests need ~16 * (45 + 32) tokens; 24 blocks of 16 hold 384: preemption is unavoidable.
-    small = LLM(dtype="float32", progress=False, num_kv_blocks=24, max_model_len=384, quantization="none")
+    small = LLM(dtype="float32", progress=False, num_kv_blocks=24, max_model_len=384, quantization="none",
+                kv_cache_dtype="float32")
     params = SamplingParams(max_tokens=N_TOKENS, temperature=0)
     outs = small.generate(prompt_token_ids=prompts[:16], sampling_params=params)
     ample = llm.generate(prompt_token_ids=prompts[:16], sampling_params=params)

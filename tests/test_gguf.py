@@ -106,7 +106,7 @@ def test_llm_on_gguf_matches_transformers(tiny_models, tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "cache"))
     src = tiny_models["llama"]
     path = write_gguf(src, tmp_path / "tiny.gguf", "llama")
-    llm = LLM(model=str(path), dtype="float32", progress=False)
+    llm = LLM(model=str(path), dtype="float32", progress=False, kv_cache_dtype="float32")
     prompt = [5, 6, 7, 8, 9, 10]
     ours = llm.generate(prompt_token_ids=[prompt], sampling_params=SamplingParams(max_tokens=12, temperature=0,
                                                                                   ignore_eos=True))[0]

@@ -43,5 +43,6 @@ def test_the_engine_sizes_its_cache_by_the_rule(tiny_llama, monkeypatch):
     sized = LLM(model=str(tiny_llama), dtype="float32", progress=False, max_num_seqs=4,
                 kv_cache_memory_gb=1 / 1024)
     arch = llm_module.load_arch(tiny_llama)
-    per_block = PagedKVCache.bytes_per_block(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
+    kv_dtype = sized.engine.executor.cache.dtype          # float16 where auto picks it (see test_kv_dtype)
+    per_block = PagedKVCache.bytes_per_block(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, kv_dtype)
     assert sized.engine.scheduler.kv.num_blocks == 2**20 // per_block

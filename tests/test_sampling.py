@@ -13,7 +13,9 @@ from tandem.runner.sampler import Sampler, warp_probs
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    return LLM(model=str(tiny_llama), dtype="float32", progress=False, max_num_batched_tokens=64)
+    # logprobs are checked against transformers: the exact path (float32 weights and KV cache)
+    return LLM(model=str(tiny_llama), dtype="float32", progress=False, max_num_batched_tokens=64,
+               kv_cache_dtype="float32")
 
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]

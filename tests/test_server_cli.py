@@ -41,6 +41,8 @@ def test_serve_defaults():
     assert a.max_num_batched_tokens == 2048 and a.kv_cache_memory_gb is None and a.target_tpot_ms is None
     assert build_parser().parse_args(["generate", "hi"]).max_num_batched_tokens == 512
     assert build_parser().parse_args(["serve", "--max-num-batched-tokens", "256"]).max_num_batched_tokens == 256
+    assert a.kv_cache_dtype == "auto"
+    assert build_parser().parse_args(["serve", "--kv-cache-dtype", "float32"]).kv_cache_dtype == "float32"
 
 
 def test_serve_speculation_flags():

@@ -43,6 +43,9 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -
     g.add_argument("--kv-cache-memory-gb", type=float, default=None,
                    help="KV cache size (default: a tenth of free memory, at most what --max-num-seqs full "
                         "contexts need)")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: the model's dtype, but float16 under a float32 model on CPU (half the bytes "
+                        "decode attention reads; llama.cpp's default); float32 keeps a float32 model exact")
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--scheduling-policy", default="fcfs",
@@ -106,7 +109,7 @@ def _make_llm(a: argparse.Namespace, **overrides):
               kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
               seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
               swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization,
-              target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms)
+              target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms, kv_cache_dtype=a.kv_cache_dtype)
     kw.update(overrides)
     return LLM(**kw)
 

@@ -45,6 +45,7 @@ class CacheConfig:
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
     swap_space_gb: float = 0.25         # host memory for KV swapped out during tool pauses
+    kv_cache_dtype: str = "auto"        # auto | float32 | bfloat16 | float16 (see runner.device.resolve_kv_dtype)
 
     def __post_init__(self) -> None:
         if self.swap_space_gb < 0:

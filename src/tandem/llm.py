@@ -22,7 +22,7 @@ from tandem.models.fetch import resolve_model
 from tandem.models.loader import load_arch, load_model
 from tandem.outputs import RequestOutput
 from tandem.runner.attention import PagedKVCache
-from tandem.runner.device import available_memory_bytes, resolve_device, resolve_dtype
+from tandem.runner.device import available_memory_bytes, resolve_device, resolve_dtype, resolve_kv_dtype
 from tandem.runner.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
@@ -46,8 +46,9 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     model_dir = resolve_model(model_cfg.model, progress)
     arch = load_arch(model_dir)
     tokenizer = Tokenizer(model_dir)
+    kv_dtype = resolve_kv_dtype(cache_cfg.kv_cache_dtype, dtype, device, _has_paged_kernel(device))
     bytes_per_block = PagedKVCache.bytes_per_block(arch.num_layers, cache_cfg.block_size, arch.num_kv_heads,
-                                                   arch.head_dim, dtype)
+                                                   arch.head_dim, kv_dtype)
     context = model_cfg.max_model_len or _context_limit(arch.max_position_embeddings, arch.sliding_window)
     need = -(-sched_cfg.max_num_seqs * context // cache_cfg.block_size) * bytes_per_block
     num_blocks = cache_cfg.num_blocks or int(kv_cache_bytes(cache_cfg.kv_cache_memory_gb, device, need)
@@ -59,7 +60,8 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
     num_host = int(cache_cfg.swap_space_gb * 2**30 // bytes_per_block)
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)
-    runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed, num_host_blocks=num_host)
+    runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed, num_host_blocks=num_host,
+                         kv_dtype=kv_dtype)
     cost = StepCostModel()
     policy = frontiers = None
     if spec_cfg is not None:
@@ -70,8 +72,8 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
         runner.spec = make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft)
         policy = make_length_policy(spec_cfg, cost)
         frontiers = make_frontier_chooser(spec_cfg, cost)
-    log.info("model %s: %s on %s, weights %s, %d KV blocks of %d tokens, context %d, speculation %s",
-             model_dir.name, dtype, device, quant, num_blocks, cache_cfg.block_size, max_len, spec_cfg)
+    log.info("model %s: %s on %s, weights %s, %d KV blocks of %d tokens (%s), context %d, speculation %s",
+             model_dir.name, dtype, device, quant, num_blocks, cache_cfg.block_size, kv_dtype, max_len, spec_cfg)
     # Seconds per token to copy KV to host and back (the min-waste rule's swap cost): per-token bytes
     # at a conservative 5 GB/s (PCIe on GPUs; a memcpy between tensors on CPUs).
     swap_s = bytes_per_block / cache_cfg.block_size / 5e9
@@ -98,6 +100,15 @@ def kv_cache_bytes(memory_gb: float | None, device: torch.device, need_bytes: in
         return int(memory_gb * 2**30)
     share = KV_AUTO_FRACTION.get(device.type, KV_AUTO_FRACTION["cpu"]) * available_memory_bytes(device)
     return int(min(need_bytes, max(KV_MIN_AUTO_BYTES, share)))
+
+
+def _has_paged_kernel(device: torch.device) -> bool:
+    """True where Tandem's compiled paged-attention kernel runs (CPU, kernels built)."""
+    if device.type != "cpu":
+        return False
+    from tandem.runner.kernels import load_cpu_kernels
+
+    return load_cpu_kernels() is not None
 
 
 def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
@@ -161,12 +172,12 @@ class LLM:
                  num_threads: int | None = None, speculative: SpecConfig | str | None = None,
                  tools: ToolRegistry | list[str] | bool | None = None, swap_space_gb: float = 0.25,
                  progress: bool = True, quantization: str = "auto", target_tpot_ms: float | None = None,
-                 ttft_guard_ms: float = 1000.0) -> None:
+                 ttft_guard_ms: float = 1000.0, kv_cache_dtype: str = "auto") -> None:
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
                                 num_threads=num_threads, quantization=quantization)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
                                 num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
-                                swap_space_gb=swap_space_gb)
+                                swap_space_gb=swap_space_gb, kv_cache_dtype=kv_cache_dtype)
         sched_cfg = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                     policy=scheduling_policy, ttft_guard_s=ttft_guard_ms / 1000,
                                     target_tpot_s=target_tpot_ms / 1000 if target_tpot_ms else None)

@@ -188,7 +188,7 @@ def profile_engine(engine: LLMEngine, model_name: str, quick: bool = False, log:
         raise ValueError("profile_engine needs an idle engine")
     runner = engine.executor
     cfg = runner.model.cfg
-    elem = torch.empty((), dtype=runner.model.dtype).element_size()
+    elem = torch.empty((), dtype=runner.cache.dtype).element_size()
     t0 = time.perf_counter()
     try:
         with StepRecorder(engine) as recorder:

@@ -55,7 +55,7 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
     caps = [max_tokens or p.max_tokens for p in items]
     model = llm.engine.executor.model
     arch = model.cfg
-    kv_bytes_per_token = 2 * arch.num_layers * arch.kv_size * model.embed.element_size()
+    kv_bytes_per_token = 2 * arch.num_layers * arch.kv_size * llm.engine.executor.cache.k[0].element_size()
     wbytes = weight_bytes(model)
     flops_per_token = 2 * wbytes / model.embed.element_size()
     run_once(llm, encoded[:1], [8])      # warm-up

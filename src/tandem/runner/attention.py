@@ -6,6 +6,8 @@ wants. Each step first writes the new tokens' K/V into their slots, then attends
 few query tokens (decodes, speculative verification) go through one padded, batched matmul
 attention; long prefill chunks go one by one through SDPA with a causal mask offset by the
 cached context, or through the fused flash-style kernel where it applies (bfloat16 on AVX512-BF16).
+The cache may be stored in a 16-bit dtype under a float32 model (kv_cache_dtype, see
+tandem.runner.device.resolve_kv_dtype): K/V are rounded when written and widened when read.
 A step's KV is written before any of its attention reads it, which is what lets a
 request share prefix blocks that another request fills in the same step.
 """
@@ -66,6 +68,7 @@ class PagedKVCache:
                  head_dim: int, dtype: torch.dtype, device: torch.device, pin: bool = False) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.dtype = dtype
         shape = (num_kv_heads, num_blocks * block_size, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin) for _ in range(num_layers)]
@@ -93,8 +96,8 @@ class AttentionBackend:
                 meta: AttentionMetadata) -> torch.Tensor:
         """q: [N, H, D], k/v: [N, KV, D] (new tokens) -> [N, H * D]."""
         kc, vc = self.cache.k[layer], self.cache.v[layer]
-        kc.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-        vc.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+        kc.index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kc.dtype))   # rounded if the cache is 16-bit
+        vc.index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(vc.dtype))
         n = q.shape[0]
         out = q.new_empty(n, self.num_heads * self.head_dim)
         nb = meta.num_batched_tokens
@@ -115,8 +118,8 @@ class AttentionBackend:
             q = q.index_select(0, g.pad_index)                            # [B * Lq, H, D]
         # [B, Lq, KV, G, D] -> [KV, B, Lq * G, D]
         qg = q.view(b, lq, kv, grp, d).permute(2, 0, 1, 3, 4).reshape(kv, b, lq * grp, d)
-        keys = kc.index_select(1, g.gather_slots).view(kv, b, t, d)       # [KV, B, T, D]
-        vals = vc.index_select(1, g.gather_slots).view(kv, b, t, d)
+        keys = kc.index_select(1, g.gather_slots).view(kv, b, t, d).to(q.dtype)   # [KV, B, T, D]
+        vals = vc.index_select(1, g.gather_slots).view(kv, b, t, d).to(q.dtype)
         scores = torch.matmul(qg, keys.transpose(-1, -2)).mul_(self.scale)  # [KV, B, Lq * G, T]
         scores = scores.view(kv, b, lq, grp, t).add_(g.mask).view(kv, b, lq * grp, t)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -131,8 +134,8 @@ class AttentionBackend:
             out = self.prefill_kernel(q.contiguous(), kc, vc, p.blocks, p.start, self.cache.block_size, self.scale)
             if out is not None:
                 return out
-        keys = kc.index_select(1, p.ctx_slots).unsqueeze(0)               # [1, KV, T, D]
-        vals = vc.index_select(1, p.ctx_slots).unsqueeze(0)
+        keys = kc.index_select(1, p.ctx_slots).unsqueeze(0).to(q.dtype)   # [1, KV, T, D]
+        vals = vc.index_select(1, p.ctx_slots).unsqueeze(0).to(q.dtype)
         qh = q.transpose(0, 1).unsqueeze(0)                               # [1, H, q, D]
         o = F.scaled_dot_product_attention(qh, keys, vals, attn_mask=p.mask, is_causal=p.mask is None,
                                            scale=self.scale, enable_gqa=self.group > 1)

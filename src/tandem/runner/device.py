@@ -64,6 +64,30 @@ def cpu_has_fast_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info().get("flags", "").split()))
 
 
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: torch.device, fused_kernel: bool) -> torch.dtype:
+    """The KV cache's dtype. `auto`: the model's dtype, except float16 under a float32 model on a
+    CPU whose compiled paged-attention kernel reads float16 (F16C, every AVX2 CPU): decode attention
+    over long contexts is bound by the bytes of K/V it reads, and a float16 cache halves them (and
+    holds twice the tokens). llama.cpp's cache is float16 by default too. K and V are rounded to
+    float16 when stored (a relative error of at most 2^-11); the attention math stays float32.
+    `float32` keeps a float32 model exact."""
+    if name == "auto":
+        if device.type == "cpu" and model_dtype == torch.float32 and fused_kernel and cpu_has_f16c():
+            return torch.float16
+        return model_dtype
+    if name not in _DTYPES:
+        raise ConfigError(f"unknown kv_cache_dtype {name!r}; use auto, {', '.join(_DTYPES)}")
+    kv = _DTYPES[name]
+    if kv != model_dtype and model_dtype != torch.float32:
+        raise ConfigError(f"kv_cache_dtype {name} needs a float32 model or the model's own dtype "
+                          f"({str(model_dtype).removeprefix('torch.')})")
+    return kv
+
+
+def cpu_has_f16c() -> bool:
+    return "f16c" in cpu_info().get("flags", "").split()
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: bf16 on CUDA and on CPUs with native bf16, float32 on other CPUs (where bf16 runs
     ~7-50x slower than float32 because every product is converted in software)."""

@@ -86,7 +86,7 @@ class CpuKernelOps:
     def prefill_attention(self, q, k_cache, v_cache, blocks, start: int, block_size: int, scale: float):
         """Causal attention of one prefill chunk, or None where the fused kernel does not apply
         (not bfloat16, head_dim other than 64, or no AVX512-BF16): the caller falls back to SDPA."""
-        if q.dtype != torch.bfloat16 or q.shape[-1] != 64 or not self._prefill_bf16:
+        if q.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16 or q.shape[-1] != 64 or not self._prefill_bf16:
             return None
         return self.m.prefill_attention_bf16(q, k_cache, v_cache, blocks, start, block_size, scale)
 

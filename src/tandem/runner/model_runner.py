@@ -19,13 +19,14 @@ from tandem.types import StepPlan, StepResult
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device,
-                 seed: int = 0, num_host_blocks: int = 0) -> None:
+                 seed: int = 0, num_host_blocks: int = 0, kv_dtype: torch.dtype | None = None) -> None:
         cfg = model.cfg
+        kv_dtype = kv_dtype or model.dtype
         self.model = model
         self.device = device
         self.block_size = block_size
         self.cache = PagedKVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
-                                  model.dtype, device)
+                                  kv_dtype, device)
         model.ops = make_ops(device)
         self.attn = AttentionBackend(self.cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops)
         self.paged_kernel = self.attn.kernel is not None
@@ -33,7 +34,7 @@ class ModelRunner:
         self.spec = None            # a tandem.spec.decoder.SpecDecoder when speculation is on
         # Host copies of swapped-out blocks (tool pauses); pinned when the device is a GPU.
         self.host = PagedKVCache(cfg.num_layers, num_host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
-                                 model.dtype, torch.device("cpu"), pin=device.type == "cuda") \
+                                 kv_dtype, torch.device("cpu"), pin=device.type == "cuda") \
             if num_host_blocks else None
 
     @torch.inference_mode()

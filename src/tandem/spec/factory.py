@@ -42,7 +42,8 @@ def _make_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_dr
 
     dc = draft_model.cfg
     cache = PagedKVCache(dc.num_layers, runner.cache.num_blocks, runner.block_size, dc.num_kv_heads, dc.head_dim,
-                         draft_model.dtype, runner.device)
+                         runner.cache.dtype if draft_model.dtype == runner.model.dtype else draft_model.dtype,
+                         runner.device)
     draft_model.ops = model.ops
     attn = AttentionBackend(cache, dc.num_heads, dc.num_kv_heads, dc.head_dim, model.ops)
     drafter = ModelDrafter(draft_model, attn, runner.block_size, runner.device, _draft_sampler(runner))

@@ -406,8 +406,10 @@ void attend_item(float* out, const float* qf, int64_t g_size, const T* kh, const
 }
 #endif
 
-template <typename T>
-void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const int32_t* table,
+// TQ: the queries' and output's dtype; TKV: the cache's (float32 queries over a float16 or bfloat16
+// cache read it widened to float32, half the bytes of a float32 cache).
+template <typename TQ, typename TKV>
+void paged_attention_impl(TQ* out, const TQ* q, const TKV* kc, const TKV* vc, const int32_t* table,
                           const int32_t* seq, const int32_t* pos, int64_t n, int64_t heads, int64_t kv_heads,
                           int64_t d, int64_t slots, int64_t max_blocks, int64_t bs, float scale) {
   const int64_t g_size = heads / kv_heads;
@@ -426,18 +428,18 @@ void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const in
       scores.resize(g_size * ctx);
       for (int64_t g = 0; g < g_size; ++g)
         for (int64_t j = 0; j < d; ++j) qf[g * d + j] = f32(q[(i * heads + h * g_size + g) * d + j]);
-      const T* kh = kc + h * slots * d;
-      const T* vh = vc + h * slots * d;
+      const TKV* kh = kc + h * slots * d;
+      const TKV* vh = vc + h * slots * d;
 #ifdef TANDEM_AVX2
-      if constexpr (kVectorKV<T>) {
+      if constexpr (kVectorKV<TKV>) {
         if (d % 64 == 0) {
-          T* o = out + (i * heads + h * g_size) * d;
-          if constexpr (std::is_same_v<T, float>) {
+          TQ* o = out + (i * heads + h * g_size) * d;
+          if constexpr (std::is_same_v<TQ, float>) {
             attend_item(o, qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale, scores.data(), acc.data());
           } else {
             res.resize(g_size * d);
             attend_item(res.data(), qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale, scores.data(), acc.data());
-            for (int64_t x = 0; x < g_size * d; ++x) o[x] = static_cast<T>(res[x]);
+            for (int64_t x = 0; x < g_size * d; ++x) o[x] = static_cast<TQ>(res[x]);
           }
           continue;
         }
@@ -445,7 +447,7 @@ void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const in
 #endif
       // Walk the context block by block (no division per token).
       for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
-        const T* kb = kh + static_cast<int64_t>(blocks[b]) * bs * d;
+        const TKV* kb = kh + static_cast<int64_t>(blocks[b]) * bs * d;
         const int64_t len = std::min(bs, ctx - t0);
         for (int64_t o = 0; o < len; ++o) scores_row(scores.data() + t0 + o, ctx, qf.data(), g_size, kb + o * d, d, scale);
       }
@@ -457,12 +459,12 @@ void paged_attention_impl(T* out, const T* q, const T* kc, const T* vc, const in
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t0 = 0, b = 0; t0 < ctx; t0 += bs, ++b) {
-        const T* vb = vh + static_cast<int64_t>(blocks[b]) * bs * d;
+        const TKV* vb = vh + static_cast<int64_t>(blocks[b]) * bs * d;
         const int64_t len = std::min(bs, ctx - t0);
         for (int64_t o = 0; o < len; ++o) accumulate_row(acc.data(), scores.data() + t0 + o, ctx, g_size, vb + o * d, d);
       }
       for (int64_t g = 0; g < g_size; ++g)
-        for (int64_t j = 0; j < d; ++j) out[(i * heads + h * g_size + g) * d + j] = static_cast<T>(acc[g * d + j]);
+        for (int64_t j = 0; j < d; ++j) out[(i * heads + h * g_size + g) * d + j] = static_cast<TQ>(acc[g * d + j]);
     }
   });
 }
@@ -779,12 +781,24 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   TORCH_CHECK(table.scalar_type() == at::kInt && seq.scalar_type() == at::kInt && pos.scalar_type() == at::kInt,
               "table, seq and pos must be int32");
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(0);
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "paged_attention: k and v caches differ in dtype");
   auto out = torch::empty({n, heads * d}, q.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
-    paged_attention_impl<scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
-                                   v_cache.data_ptr<scalar_t>(), table.data_ptr<int32_t>(), seq.data_ptr<int32_t>(),
-                                   pos.data_ptr<int32_t>(), n, heads, kv_heads, d, k_cache.size(1), table.size(1),
-                                   block_size, static_cast<float>(scale));
+  if (k_cache.scalar_type() == q.scalar_type()) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
+      paged_attention_impl<scalar_t, scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+                                               v_cache.data_ptr<scalar_t>(), table.data_ptr<int32_t>(), seq.data_ptr<int32_t>(),
+                                               pos.data_ptr<int32_t>(), n, heads, kv_heads, d, k_cache.size(1), table.size(1),
+                                               block_size, static_cast<float>(scale));
+    });
+    return out;
+  }
+  // float32 queries over a 16-bit cache (kv_cache_dtype float16 or bfloat16 under a float32 model)
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_attention: a cache dtype other than the queries' needs float32 queries");
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(k_cache.scalar_type(), "paged_attention_mixed", [&] {
+    paged_attention_impl<float, scalar_t>(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<scalar_t>(),
+                                          v_cache.data_ptr<scalar_t>(), table.data_ptr<int32_t>(), seq.data_ptr<int32_t>(),
+                                          pos.data_ptr<int32_t>(), n, heads, kv_heads, d, k_cache.size(1), table.size(1),
+                                          block_size, static_cast<float>(scale));
   });
   return out;
 }
