@@ -3,6 +3,8 @@ and seeded draws keyed by (seed, position) only. No model needed."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -73,3 +75,40 @@ def test_greedy_rows_take_the_argmax_and_logprobs_are_raw():
     assert lps[1] is None and lps[2] is None
     assert lps[0].logprob == pytest.approx(torch.log_softmax(logits[0], -1)[tokens[0]].item(), abs=1e-6)
     assert [t for t, _ in lps[0].top] == torch.topk(logits[0], 2).indices.tolist()
+
+
+def _reference(sampler: Sampler) -> Sampler:
+    """The same sampler without the fused kernel (the tensor-op path it replaces)."""
+    sampler._fused = None
+    return sampler
+
+
+@pytest.mark.skipif(Sampler(torch.device("cpu"))._fused is None, reason="CPU kernels could not be built here")
+def test_fused_temperature_draws_equal_the_tensor_path():
+    """Rows with a temperature alone go through the fused kernel; every row's token equals the
+    tensor path's (softmax, float64 cumsum, searchsorted) for the same uniforms, amid greedy and
+    top-k/top-p rows, seeded and unseeded, and over a vocabulary that is not a multiple of 8."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(40, 1003, generator=gen) * 4
+    logits[:, 500:] -= 30                                   # a long tail of tiny probabilities
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0), SamplingParams(temperature=0.6),
+              SamplingParams(temperature=1.4, top_p=0.9), SamplingParams(temperature=1.0, top_k=20)]
+    rows = [SampleRow(f"r{i}", dataclasses.replace(params[i % 5], seed=i if i % 2 else None), 3,
+                      frozenset()) for i in range(40)]
+    fused, ref = Sampler(torch.device("cpu"), seed=5), _reference(Sampler(torch.device("cpu"), seed=5))
+    for _ in range(5):
+        assert fused.sample(logits, rows)[0] == ref.sample(logits, rows)[0]
+
+
+@pytest.mark.skipif(Sampler(torch.device("cpu"))._fused is None, reason="CPU kernels could not be built here")
+def test_fused_kernel_never_draws_a_zero_probability_token_and_covers_the_ends():
+    kernel = Sampler(torch.device("cpu"))._fused
+    logits = torch.full((4, 21), float("-inf"))
+    logits[:, [3, 11, 17]] = torch.tensor([0.0, 1.0, 2.0])
+    u = torch.tensor([1e-300, 0.5, 0.999999, 1.0], dtype=torch.float64)
+    got = kernel(logits, torch.arange(4), torch.ones(4), u).tolist()
+    assert got[0] == 3 and got[3] == 17 and set(got) <= {3, 11, 17}
+    with pytest.raises(RuntimeError, match="temperatures must be > 0"):
+        kernel(logits, torch.arange(1), torch.zeros(1), u[:1])
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernel(logits, torch.tensor([4]), torch.ones(1), u[:1])

@@ -42,6 +42,7 @@ class Sampler:
         self.stream = stream
         self.generator = torch.Generator(device=device).manual_seed(self._seed(seed))
         self._request_generators: dict[str, torch.Generator] = {}
+        self._fused = _fused_sampler(device)     # the compiled inverse-CDF draw of plain rows, or None
 
     def _seed(self, seed: int) -> int:
         return seed if self.stream == 0 else _mix(seed, self.stream)
@@ -80,13 +81,28 @@ class Sampler:
         if lp_rows:
             raw_logprobs = torch.log_softmax(logits.index_select(0, _index(lp_rows, logits.device)), dim=-1)
         logits = apply_adjustments(apply_min_tokens(logits, rows), rows)
-        tokens = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if sampled:
-            idx = _index(sampled, logits.device)
-            probs = batched_probs(logits.index_select(0, idx), [rows[i].params for i in sampled])
+        if not sampled:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
+            greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+            if greedy:
+                idx = _index(greedy, logits.device)
+                tokens.index_copy_(0, idx, logits.index_select(0, idx).argmax(dim=-1))
             u = self._uniforms([rows[i] for i in sampled])
-            tokens.index_copy_(0, idx, inverse_cdf(probs, u))
+            fused = self._fused is not None and logits.dtype == torch.float32 and logits.is_contiguous()
+            plain = [j for j, i in enumerate(sampled) if fused and _temperature_only(rows[i].params, logits.shape[-1])]
+            if plain:           # temperature alone: one fused pass per row (no [M, V] probabilities)
+                rows_idx = _index([sampled[j] for j in plain], logits.device)
+                temps = torch.tensor([rows[sampled[j]].params.temperature for j in plain], dtype=torch.float32)
+                tokens.index_copy_(0, rows_idx, self._fused(logits, rows_idx, temps, u[_index(plain, u.device)]))
+            done = set(plain)
+            warped = [j for j in range(len(sampled)) if j not in done]
+            if warped:
+                idx = _index([sampled[j] for j in warped], logits.device)
+                probs = batched_probs(logits.index_select(0, idx), [rows[sampled[j]].params for j in warped])
+                tokens.index_copy_(0, idx, inverse_cdf(probs, u[_index(warped, u.device)]))
         token_list = tokens.tolist()
         lps: list[TokenLogprob | None] = [None] * len(rows)
         for j, i in enumerate(lp_rows):
@@ -106,6 +122,21 @@ class Sampler:
         """One token from `probs` [V] (exponential race)."""
         e = torch.empty_like(probs).exponential_(generator=generator)
         return int((probs / e).argmax())
+
+
+def _fused_sampler(device: torch.device):
+    """The compiled `sample_rows` (csrc/cpu_ops.cpp) on CPU where the kernels built, else None."""
+    if device.type != "cpu":
+        return None
+    from tandem.runner.kernels import load_cpu_kernels
+
+    module = load_cpu_kernels()
+    return getattr(module, "sample_rows", None) if module is not None else None
+
+
+def _temperature_only(p: SamplingParams, vocab: int) -> bool:
+    """A sampled row warped by its temperature alone (no top-k, top-p or min-p)."""
+    return not 0 < p.top_k < vocab and p.top_p >= 1.0 and p.min_p <= 0
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
