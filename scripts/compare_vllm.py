@@ -231,7 +231,6 @@ def warm_up(port: int, model: str, n: int) -> None:
 
 
 def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
-    dataset = sharegpt_json()
     servers = {
         "vllm": ([str(peer / "bin" / "vllm"), "serve", str(model_dir), "--dtype", dtype, "--max-model-len", "2048",
                   "--port", "18000", "--served-model-name", model_dir.name,
@@ -241,12 +240,22 @@ def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
         "tandem": ([str(ROOT / ".venv" / "bin" / "tandem") if (ROOT / ".venv/bin/tandem").exists() else "tandem",
                     "serve", "--model", str(model_dir), "--port", "18001"] + a.tandem_args.split(), 18001),
     }
+    envs = {"vllm": vllm_env(a, peer)}
+    return serve_rounds(a, peer, model_dir, {name: (cmd, port, envs.get(name)) for name, (cmd, port) in servers.items()},
+                        raw)
+
+
+def serve_rounds(a, peer: Path, model_dir: Path, servers: dict[str, tuple[list[str], int, dict | None]],
+                 raw: Path) -> dict[str, dict[str, list[dict]]]:
+    """For each seed round, each server in turn (command, port, environment): started, warmed up,
+    driven by `vllm bench serve` at every rate, stopped. Returns {name: {rate: [result per seed]}}
+    and writes each run's JSON and server log under `raw`."""
+    dataset = sharegpt_json()
     runs: dict[str, dict[str, list[dict]]] = {name: {str(r): [] for r in a.rates} for name in servers}
     for seed in a.seeds:
-        for name, (cmd, port) in servers.items():
+        for name, (cmd, port, env) in servers.items():
             log(f"starting {name} server (seed round {seed})")
-            server = Server(name, cmd, port, raw / f"server-{name}-seed{seed}.log",
-                            env=vllm_env(a, peer) if name == "vllm" else None)
+            server = Server(name, cmd, port, raw / f"server-{name}-seed{seed}.log", env=env)
             try:
                 warm_up(port, model_dir.name, a.warmup_requests)
                 for i, rate in enumerate(a.rates):
