@@ -20,6 +20,7 @@ _EXPORTS = {
     "InvalidRequestError": "tandem.errors",
     "ModelLoadError": "tandem.errors",
     "ConfigError": "tandem.errors",
+    "StructuredOutputs": "tandem.structured.spec",
 }
 __all__ = list(_EXPORTS)
 

@@ -31,6 +31,7 @@ from tandem.sched.scheduler import Scheduler
 from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
 from tandem.tools.registry import ToolRegistry
 from tandem.spec.factory import make_frontier_chooser, make_length_policy, make_spec_decoder
+from tandem.structured import grammar as structured_grammar
 
 log = logging.getLogger("tandem")
 
@@ -82,7 +83,12 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
                           max_draft_tokens=spec_cfg.max_draft_tokens if spec_cfg else 0, cost=cost,
                           swap_s_per_token=swap_s, frontiers=frontiers)
     runtime = ToolRuntime(tools, tokenizer) if tools is not None else None
-    return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime)
+    grammar = None
+    if structured_grammar.available():
+        grammar = structured_grammar.GrammarBackend(tokenizer.hf, arch.vocab_size, tokenizer.eos_token_ids)
+        runner.sampler.grammar = grammar
+    return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime,
+                     grammar=grammar)
 
 
 KV_MIN_AUTO_BYTES = 2**29                   # an automatic KV cache gets at least 0.5 GiB (if needed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tandem.errors import InvalidRequestError
+from tandem.structured.spec import StructuredOutputs
 
 GREEDY_TEMPERATURE = 1e-5       # temperatures below this sample greedily
 MIN_TOP_P = 1e-6                # smaller top_p values are raised to this
@@ -32,6 +33,11 @@ class SamplingParams:
     output so far. `min_p` (0..1) drops tokens less likely than min_p times the most likely one,
     after temperature. Requests with penalties or a logit bias decode without speculation (the
     drafts' verification sees raw logits); min_p is applied in verification too.
+
+    `structured_outputs` constrains the output to a JSON schema, any JSON object, a regex, a choice
+    or a grammar (tandem.structured): each step's logits are masked to the tokens the grammar
+    allows, so the output matches it when it ends by EOS (a `max_tokens` cut can leave it unfinished).
+    Such requests decode without speculation.
     """
 
     max_tokens: int = 16
@@ -51,6 +57,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -90,6 +97,8 @@ class SamplingParams:
             _check(not bad, "logit_bias", f"logit_bias values must be in [-100, 100], got {bad[:1]}")
         else:
             self.logit_bias = None
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),
+               "structured_outputs", "structured_outputs must be a tandem.structured.StructuredOutputs")
         _check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64), "seed",
                "seed must be an integer in [-2**63, 2**64)")
 
@@ -105,7 +114,7 @@ class SamplingParams:
     def speculation_ok(self) -> bool:
         """False when the next token's distribution depends on adjustments that speculative
         verification does not apply (penalties, logit bias): such requests decode one token a step."""
-        return not self.has_penalties and not self.logit_bias
+        return not self.has_penalties and not self.logit_bias and self.structured_outputs is None
 
 
 def _is_token_id(k) -> bool:

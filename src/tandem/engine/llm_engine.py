@@ -70,8 +70,9 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, scheduler: Scheduler, executor: Executor, tokenizer: Tokenizer | None,
                  vocab_size: int, max_model_len: int, clock: Callable[[], float] = time.monotonic,
-                 tools: ToolRuntime | None = None) -> None:
+                 tools: ToolRuntime | None = None, grammar=None) -> None:
         self.scheduler = scheduler
+        self.grammar = grammar              # tandem.structured.grammar.GrammarBackend, or None
         self.tools = tools
         self.executor = executor
         self.tokenizer = tokenizer
@@ -93,6 +94,11 @@ class LLMEngine:
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise InvalidRequestError(f"logit_bias token id {max(params.logit_bias)} is outside the vocabulary "
                                       f"[0, {self.vocab_size})", field="logit_bias")
+        if params.structured_outputs is not None:
+            if self.grammar is None:
+                raise InvalidRequestError("this engine has no grammar backend for structured outputs "
+                                          "(the llguidance package is missing)", field=params.structured_outputs.field)
+            self.grammar.grammar(params.structured_outputs)     # compiled and checked now, cached for the sampler
         if prompt_token_ids is None:
             if not isinstance(prompt, str):
                 raise InvalidRequestError("prompt must be a string", field="prompt")

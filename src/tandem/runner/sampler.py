@@ -13,13 +13,17 @@ raw logits first (vLLM's order), for greedy and sampled rows alike; only rows th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from tandem.errors import InvalidRequestError
 from tandem.sampling_params import SamplingParams
 from tandem.types import TokenLogprob
+
+log = logging.getLogger("tandem")
 
 
 @dataclass
@@ -43,12 +47,15 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(self._seed(seed))
         self._request_generators: dict[str, torch.Generator] = {}
         self._fused = _fused_sampler(device)     # the compiled inverse-CDF draw of plain rows, or None
+        self.grammar = None                      # a tandem.structured.grammar.GrammarBackend, if constrained
+        self._matchers: dict[str, object] = {}   # request id -> its llguidance matcher
 
     def _seed(self, seed: int) -> int:
         return seed if self.stream == 0 else _mix(seed, self.stream)
 
     def release(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
+        self._matchers.pop(request_id, None)
 
     def generator_for(self, row: SampleRow) -> torch.Generator:
         if row.params.seed is None:
@@ -81,6 +88,9 @@ class Sampler:
         if lp_rows:
             raw_logprobs = torch.log_softmax(logits.index_select(0, _index(lp_rows, logits.device)), dim=-1)
         logits = apply_adjustments(apply_min_tokens(logits, rows), rows)
+        constrained = [i for i, r in enumerate(rows) if r.params.structured_outputs is not None]
+        if constrained:
+            logits = self._mask_by_grammar(logits, rows, constrained)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
         if not sampled:
             tokens = logits.argmax(dim=-1)
@@ -104,10 +114,39 @@ class Sampler:
                 probs = batched_probs(logits.index_select(0, idx), [rows[sampled[j]].params for j in warped])
                 tokens.index_copy_(0, idx, inverse_cdf(probs, u[_index(warped, u.device)]))
         token_list = tokens.tolist()
+        for i in constrained:
+            self._matchers[rows[i].request_id].consume_token(token_list[i])
         lps: list[TokenLogprob | None] = [None] * len(rows)
         for j, i in enumerate(lp_rows):
             lps[i] = token_logprob(raw_logprobs[j], token_list[i], rows[i].params.logprobs)
         return token_list, lps
+
+    def _mask_by_grammar(self, logits: torch.Tensor, rows: list[SampleRow], constrained: list[int]) -> torch.Tensor:
+        """Set to -inf the logits of tokens the rows' grammars do not allow next. Each request's
+        matcher is made on its first constrained step and advanced by every token drawn for it; it
+        is dropped with the request (`release`). A matcher in an error state allows only EOS."""
+        if self.grammar is None:
+            raise RuntimeError("a request asks for structured outputs but this sampler has no grammar backend")
+        vocab = logits.shape[-1]
+        words = (vocab + 31) // 32
+        bits = torch.empty(len(constrained), words, dtype=torch.int32)
+        for j, i in enumerate(constrained):
+            r = rows[i]
+            m = self._matchers.get(r.request_id)
+            if m is None:
+                try:
+                    m = self.grammar.matcher(r.params.structured_outputs)
+                except InvalidRequestError as e:    # validated at admission; never fail the whole step
+                    log.error("request %s: %s; ending it", r.request_id, e)
+                    m = _EndNow(self.grammar.eos_token_ids)
+                self._matchers[r.request_id] = m
+            m.unsafe_compute_mask_ptr(bits[j].data_ptr(), words * 4)
+        shifts = torch.arange(32, dtype=torch.int32)
+        allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(constrained), words * 32)[:, :vocab].bool()
+        idx = _index(constrained, logits.device)
+        logits = logits.clone()
+        logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill(~allowed.to(logits.device), float("-inf")))
+        return logits
 
     def _uniforms(self, rows: list[SampleRow]) -> torch.Tensor:
         """One uniform in (0, 1] per row: keyed by (seed, stream, position) when seeded."""
@@ -122,6 +161,26 @@ class Sampler:
         """One token from `probs` [V] (exponential race)."""
         e = torch.empty_like(probs).exponential_(generator=generator)
         return int((probs / e).argmax())
+
+
+class _EndNow:
+    """Stands in for a matcher that could not be made: allows EOS only, so the request ends."""
+
+    def __init__(self, eos_token_ids) -> None:
+        self.eos = list(eos_token_ids)
+
+    def unsafe_compute_mask_ptr(self, ptr: int, nbytes: int) -> None:
+        import ctypes
+
+        words = (ctypes.c_uint32 * (nbytes // 4)).from_address(ptr)
+        for w in range(nbytes // 4):
+            words[w] = 0
+        for t in self.eos:
+            if t // 32 < nbytes // 4:
+                words[t // 32] |= 1 << (t % 32)
+
+    def consume_token(self, token: int) -> bool:
+        return token in self.eos
 
 
 def _fused_sampler(device: torch.device):

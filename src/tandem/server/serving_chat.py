@@ -8,6 +8,7 @@ when asked, then [DONE]). Server-side tool execution is not here: it will run in
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -29,6 +30,7 @@ from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, ch
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 from tandem.tools.chat_format import render_chat
 from tandem.tools.parsers import ToolCall, ToolCallStream, ToolParser, get_tool_parser
+from tandem.tools.parsers.forced import ForcedToolParser, forced_constraint
 
 
 @dataclass
@@ -47,10 +49,6 @@ class ChatJob:
 
 
 def _check_fields(req: ChatCompletionRequest) -> None:
-    fmt = req.response_format
-    if fmt is not None and fmt.get("type") != "text":
-        raise InvalidRequestError(f"response_format {fmt.get('type')!r} is not supported yet; "
-                                  "only {'type': 'text'}", field="response_format")
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs: true", field="top_logprobs")
     if req.tool_choice not in (None, "none") and not req.tools:
@@ -93,8 +91,18 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
     max_tokens = resolve_max_tokens(state, req.max_completion_tokens or req.max_tokens, len(ids), field, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
     parser = get_tool_parser(state.config.tool_parser) if tools and choice != "none" else None
+    params = sampling_params(req, max_tokens, top, req.n)
+    if server_tools is None and tools and (choice == "required" or isinstance(choice, dict)):
+        # A forced call: a grammar makes the output the call's JSON, which ForcedToolParser reads.
+        if params[0].structured_outputs is not None:
+            raise InvalidRequestError(f"tool_choice {'required' if choice == 'required' else 'of a function'} "
+                                      f"and {params[0].structured_outputs.field} both constrain the output; "
+                                      "give one", field="tool_choice")
+        constraint = forced_constraint(tools, choice)
+        params = [dataclasses.replace(p, structured_outputs=constraint) for p in params]
+        parser = ForcedToolParser(None if choice == "required" else choice["function"]["name"])
     return ChatJob(new_id("chatcmpl"), int(time.time()), state.config.model_name, ids,
-                   sampling_params(req, max_tokens, top, req.n), parser, top, req.include_usage, server_tools)
+                   params, parser, top, req.include_usage, server_tools)
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, raw: Request) -> Response:

@@ -23,6 +23,7 @@ from tandem.server.errors import APIError
 from tandem.server.logprobs import TokenTexts
 from tandem.server.metrics import ServerMetrics
 from tandem.server.protocol import SamplingFields, UsageInfo
+from tandem.structured.spec import StructuredOutputs
 
 MAX_STOP_STRINGS = 16
 OFF_LOOP_CHARS = 32_768           # requests with more text are templated and tokenized on a worker thread
@@ -205,6 +206,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, 
     if len(stop) > MAX_STOP_STRINGS:
         raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}", field="stop")
     top_k = -1 if req.top_k in (None, 0, -1) else req.top_k
+    structured = structured_outputs(req)
     return [SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
                            top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
                            seed=None if req.seed is None else req.seed + i, stop=list(stop),
@@ -215,8 +217,48 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, 
                            presence_penalty=req.presence_penalty or 0.0,
                            frequency_penalty=req.frequency_penalty or 0.0,
                            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                           min_p=req.min_p or 0.0, logit_bias=req.logit_bias or None)
+                           min_p=req.min_p or 0.0, logit_bias=req.logit_bias or None,
+                           structured_outputs=structured)
             for i in range(n)]
+
+
+STRUCTURED_KEYS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+def structured_outputs(req: SamplingFields) -> StructuredOutputs | None:
+    """The request's output constraint, from whichever one field carries it (two is a 400)."""
+    found: list[StructuredOutputs] = []
+    fmt = req.response_format
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            found.append(StructuredOutputs(json_object=True, field="response_format"))
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if schema is None:
+                raise InvalidRequestError("response_format json_schema needs json_schema.schema",
+                                          field="response_format.json_schema.schema")
+            found.append(StructuredOutputs(json=schema, field="response_format"))
+        elif kind != "text":
+            raise InvalidRequestError(f"response_format type {kind!r} is not one of text, json_object, json_schema",
+                                      field="response_format.type")
+    if req.structured_outputs is not None:
+        unknown = sorted(set(req.structured_outputs) - set(STRUCTURED_KEYS))
+        if unknown:
+            raise InvalidRequestError(f"structured_outputs.{unknown[0]} is not supported; give one of "
+                                      f"{', '.join(STRUCTURED_KEYS)}", field=f"structured_outputs.{unknown[0]}")
+        found.append(StructuredOutputs(**{k: v for k, v in req.structured_outputs.items() if v is not None},
+                                       field="structured_outputs"))
+    for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                      ("guided_grammar", "grammar")):
+        value = getattr(req, name)
+        if value is not None:
+            found.append(StructuredOutputs(**{key: value}, field=name))
+    if len(found) > 1:
+        raise InvalidRequestError(f"give one output constraint, not {len(found)} ({', '.join(s.field for s in found)})",
+                                  field=found[1].field)
+    return found[0] if found else None
 
 
 def usage(num_prompt_tokens: int, outputs: list[RequestOutput]) -> UsageInfo:
