@@ -32,7 +32,6 @@ class GrammarBackend:
         self._hf = hf_tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
-        self._eos = list(eos_token_ids)
         self._tokenizer = None
         self._lock = threading.Lock()              # the server validates on its loop, the engine thread matches
         self._grammars: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -45,7 +44,7 @@ class GrammarBackend:
                 import llguidance.hf
 
                 self._tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
-                                                               eos_token=self._eos or None)
+                                                               eos_token=list(self.eos_token_ids) or None)
             return self._tokenizer
 
     def grammar(self, spec: StructuredOutputs) -> str:
