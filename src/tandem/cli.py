@@ -164,7 +164,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     serve(engine, a.served_model_name or served_model_name(a.model), host=a.host, port=a.port, api_key=a.api_key,
           max_request_bytes=a.max_request_bytes, max_tokens_limit=a.max_tokens_limit,
           drain_timeout_s=a.drain_timeout, log_level="debug" if a.verbose else "info", tools=llm.tool_registry,
-          metrics_prefixes=a.metrics_prefix)
+          metrics_prefixes=a.metrics_prefix, strict=a.strict)
     return 0
 
 
@@ -202,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "/version, /tokenize and /detokenize stay public)")
     s.add_argument("--metrics-prefix", default="tandem,vllm", type=_prefixes, metavar="tandem,vllm",
                    help="/metrics name prefixes, comma-separated: tandem, vllm (vLLM's dashboards) or both (default)")
+    s.add_argument("--strict", action="store_true",
+                   help="answer a request field the server does not know with a 400 (default: log it and ignore it)")
     s.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name; 'default' also works)")
     s.add_argument("--max-waiting", type=int, default=256,

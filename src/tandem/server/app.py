@@ -37,7 +37,7 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
                drain_timeout_s: float = 30.0,
                model_aliases: tuple[str, ...] = ("default",), tool_parser: str = "hermes",
                tools: Any | None = None, on_shutdown: Callable[[], None] | None = None,
-               metrics_prefixes: tuple[str, ...] = PREFIXES) -> FastAPI:
+               metrics_prefixes: tuple[str, ...] = PREFIXES, strict: bool = False) -> FastAPI:
     """An OpenAI-compatible app over `async_engine`.
 
     model_name: the served name (`/v1/models`; requests naming another model, other than one of
@@ -55,11 +55,12 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
     called after the drain (the launcher stops the engine thread there). A request whose `n` (times
     its prompts) exceeds the engine's `max_waiting` gets a 400: it could never be queued whole.
     metrics_prefixes: the /metrics names' prefixes (default both `tandem:` and vLLM's `vllm:`).
+    strict: a request field the server does not know is a 400 (otherwise it is logged and ignored).
     """
     config = ServerConfig(model_name=model_name, model_aliases=tuple(model_aliases), api_key=api_key,
                           max_request_bytes=max_request_bytes, max_tokens_limit=max_tokens_limit,
                           max_prompt_tokens=max_prompt_tokens, max_n=max_n, drain_timeout_s=drain_timeout_s,
-                          tool_parser=tool_parser)
+                          tool_parser=tool_parser, strict=strict)
     state = ServerState(engine=async_engine, config=config, metrics=ServerMetrics(async_engine.stats, model_name,
                                                                                          prefixes=metrics_prefixes),
                         token_texts=TokenTexts(async_engine.tokenizer), tools=tools, drain=Drain(drain_timeout_s))

@@ -3,8 +3,11 @@
 Pydantic validates requests (a failure names the field, e.g. `messages[0].content`, and becomes an
 HTTP 400) and documents the API in the app's OpenAPI schema. Only shape and range checks live here;
 what depends on the model (context length, model name, tool names) is checked by the serving code.
-Unknown request fields are ignored, as OpenAI-compatible servers do. Types are strict: no "yes" for
-a boolean, no `true` or `2.0` for an integer (an integer is a fine number, though).
+Fields outside the schema are kept (`model_extra`) for the serving code to judge (`UNSUPPORTED`,
+`ACCEPTED_UNUSED`, `extra_fields`): a vLLM or OpenAI field this server does not implement is a 400
+naming it unless it asks for the default; any other unknown field is logged, or a 400 under
+`--strict`. Types are strict: no "yes" for a boolean, no `true` or `2.0` for an integer (an integer
+is a fine number, though).
 """
 
 from __future__ import annotations
@@ -17,8 +20,28 @@ from pydantic_core import PydanticUndefined
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+# Request fields of vLLM 0.32 and OpenAI that this server does not implement, with the values that
+# ask for the default behaviour (accepted; null is too); any other value is a 400 naming the field.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (False,), "length_penalty": (1, 1.0), "watermarking": (), "bad_words": ([],),
+    "spaces_between_special_tokens": (True,),
+    "prompt_logprobs": (), "logprob_token_ids": (), "allowed_token_ids": (), "echo": (False,),
+    "priority": (0,), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
+    "return_token_offsets": (False,), "return_prompt_text": (False,), "routed_experts_prompt_start": (),
+    "media_io_kwargs": ({},), "mm_processor_kwargs": ({},), "mm_payload": (), "return_mm_kwargs": (False,),
+    "prompt_embeds": (), "cache_salt": (), "kv_transfer_params": (), "ec_transfer_params": (),
+    "vllm_xargs": ({},), "repetition_detection": (), "stream_interval": (1,), "thinking_token_budget": (),
+    "reasoning_effort": (), "include_reasoning": (True,), "add_special_tokens": (False,),
+    "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (), "verbosity": (),
+    "functions": (), "function_call": (), "suffix": (),
+}
+# Bookkeeping fields with no effect on the output: accepted and unused, as vLLM does.
+ACCEPTED_UNUSED = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                             "session_id"})
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -30,6 +53,20 @@ class _Request(BaseModel):
             return {k: v for k, v in data.items()
                     if not (v is None and k in fields and fields[k].default not in (None, PydanticUndefined))}
         return data
+
+
+def extra_fields(req: BaseModel, path: str = "") -> list[tuple[str, Any]]:
+    """(field path, value) of every field outside the schema, in `req` and the requests nested in it
+    (`messages[0].foo`)."""
+    found = [(f"{path}.{k}" if path else k, v) for k, v in (req.model_extra or {}).items()]
+    for name in type(req).model_fields:
+        value = getattr(req, name)
+        items = value if isinstance(value, list) else [value]
+        for i, item in enumerate(items):
+            if isinstance(item, _Request):
+                sub = f"{path}.{name}" if path else name
+                found += extra_fields(item, f"{sub}[{i}]" if isinstance(value, list) else sub)
+    return found
 
 
 class _Response(BaseModel):
@@ -103,6 +140,8 @@ class SamplingFields(_Request):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    request_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$",
+                                   description="the response id's suffix (vLLM's field)")
     top_k: int | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
@@ -111,6 +150,9 @@ class SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1,
+                                               description="keep this many prompt tokens (-1: the context length)")
+    truncation_side: Literal["left", "right"] = "left"
     # Structured outputs (at most one of these): OpenAI's response_format, vLLM's structured_outputs
     # ({"json" | "json_object" | "regex" | "choice" | "grammar": ...}) and its older guided_* fields.
     response_format: dict[str, Any] | None = None
@@ -142,6 +184,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    add_special_tokens: bool = True
     best_of: int | None = Field(default=None, ge=1)
 
 

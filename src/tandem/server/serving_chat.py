@@ -24,8 +24,8 @@ from tandem.server.logprobs import TokenTexts, chat_logprobs
 from tandem.server.protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
                                     ChatDelta, ChatResponseMessage, ChatStreamChoice, DeltaFunction, DeltaToolCall,
                                     FunctionCallOut, NamedToolChoice, ToolCallOut)
-from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request_text,
-                                          new_id, off_loop_if_large, resolve_max_tokens,
+from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request,
+                                          off_loop_if_large, resolve_max_tokens, response_id, truncate_prompt,
                                           sampling_params, sse, usage)
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 from tandem.tools.chat_format import render_chat
@@ -72,7 +72,7 @@ def _text_size(req: ChatCompletionRequest) -> int:
 
 
 def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
-    check_request_text(req)
+    check_request(state, req)
     check_model(state, req.model)
     _check_fields(req)
     check_num_choices(state, req.n)
@@ -86,7 +86,7 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
 
         tools, server_tools = state.tools.schemas(), ToolOptions()
     prompt = render_chat(state.tokenizer.hf, messages, tools, choice)
-    ids = state.tokenizer.encode(prompt, add_special_tokens=False)
+    ids = truncate_prompt(state, state.tokenizer.encode(prompt, add_special_tokens=False), req)
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(state, req.max_completion_tokens or req.max_tokens, len(ids), field, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
@@ -101,7 +101,7 @@ def prepare_chat(state: ServerState, req: ChatCompletionRequest) -> ChatJob:
         constraint = forced_constraint(tools, choice)
         params = [dataclasses.replace(p, structured_outputs=constraint) for p in params]
         parser = ForcedToolParser(None if choice == "required" else choice["function"]["name"])
-    return ChatJob(new_id("chatcmpl"), int(time.time()), state.config.model_name, ids,
+    return ChatJob(response_id("chatcmpl", req), int(time.time()), state.config.model_name, ids,
                    params, parser, top, req.include_usage, server_tools)
 
 

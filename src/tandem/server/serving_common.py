@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,9 +23,10 @@ from tandem.sampling_params import SamplingParams
 from tandem.server.errors import APIError
 from tandem.server.logprobs import TokenTexts
 from tandem.server.metrics import ServerMetrics
-from tandem.server.protocol import SamplingFields, UsageInfo
+from tandem.server.protocol import ACCEPTED_UNUSED, UNSUPPORTED, SamplingFields, UsageInfo, extra_fields
 from tandem.structured.spec import StructuredOutputs
 
+log = logging.getLogger("tandem.server")
 MAX_STOP_STRINGS = 16
 OFF_LOOP_CHARS = 32_768           # requests with more text are templated and tokenized on a worker thread
 MAX_NESTING = 64                  # deepest JSON nesting a request may carry (the tokenizer's and json's stacks)
@@ -43,6 +45,7 @@ class ServerConfig:
     max_n: int = 16
     drain_timeout_s: float = 30.0
     tool_parser: str = "hermes"
+    strict: bool = False              # unknown request fields are 400s (otherwise logged once per name)
 
 
 class Drain:
@@ -106,6 +109,49 @@ async def off_loop_if_large(num_chars: int, fn: Callable[..., T], *args: Any) ->
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def response_id(prefix: str, req: SamplingFields) -> str:
+    """`prefix-<request_id>` when the client names the request (vLLM's `request_id`), else a fresh id."""
+    return f"{prefix}-{req.request_id}" if req.request_id else new_id(prefix)
+
+
+_warned_fields: set[str] = set()
+
+
+def check_request(state: ServerState, req: BaseModel) -> None:
+    """`check_request_text`, then the fields outside the schema (see protocol.py): a field this server
+    does not implement is a 400 naming it unless it asks for the default; another unknown field is
+    a 400 under `--strict`, else logged (once per name) and ignored."""
+    check_request_text(req)
+    for path, value in extra_fields(req):
+        name = path.rsplit(".", 1)[-1]
+        if "." not in path and name in ACCEPTED_UNUSED:
+            continue
+        if "." not in path and name in UNSUPPORTED:
+            if value is None or any(type(value) is type(ok) and value == ok for ok in UNSUPPORTED[name]):
+                continue
+            raise InvalidRequestError(f"{name} is not supported by this server (only its default is accepted)",
+                                      field=name)
+        if state.config.strict:
+            raise InvalidRequestError(f"unknown field {path} (the server runs with --strict)", field=path)
+        if path not in _warned_fields:
+            _warned_fields.add(path)
+            log.warning("ignoring request field %r: this server does not know it (--strict makes it a 400)", path)
+
+
+def truncate_prompt(state: ServerState, ids: list[int], req: SamplingFields) -> list[int]:
+    """The prompt cut to `truncate_prompt_tokens` (vLLM's: -1 is the context length; `truncation_side`
+    left keeps the end)."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return ids
+    keep = state.max_model_len if keep == -1 else keep
+    if keep == 0:
+        raise InvalidRequestError("truncate_prompt_tokens=0 leaves no prompt", field="truncate_prompt_tokens")
+    if len(ids) <= keep:
+        return ids
+    return ids[len(ids) - keep:] if req.truncation_side == "left" else ids[:keep]
 
 
 def check_model(state: ServerState, name: str | None) -> None:

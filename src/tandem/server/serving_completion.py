@@ -20,8 +20,8 @@ from tandem.sampling_params import SamplingParams
 from tandem.server.errors import error_body, to_api_error
 from tandem.server.logprobs import completion_logprobs
 from tandem.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
-from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request_text,
-                                          new_id, off_loop_if_large, resolve_max_tokens,
+from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request,
+                                          off_loop_if_large, resolve_max_tokens, response_id, truncate_prompt,
                                           sampling_params, sse, usage)
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 
@@ -49,8 +49,10 @@ def _check_fields(req: CompletionRequest) -> None:
         raise InvalidRequestError("best_of is not supported (only best_of = n)", field="best_of")
 
 
-def prompt_token_ids(state: ServerState, prompt: str | list[int] | list[str] | list[list[int]]) -> list[list[int]]:
-    """The request's prompts as token ids (text is encoded with the tokenizer's special tokens)."""
+def prompt_token_ids(state: ServerState, prompt: str | list[int] | list[str] | list[list[int]],
+                     add_special_tokens: bool = True) -> list[list[int]]:
+    """The request's prompts as token ids (text is encoded with the tokenizer's special tokens
+    unless `add_special_tokens` is false)."""
     if isinstance(prompt, str):
         items: list[str | list[int]] = [prompt]
     elif prompt and all(isinstance(t, int) for t in prompt):
@@ -60,7 +62,8 @@ def prompt_token_ids(state: ServerState, prompt: str | list[int] | list[str] | l
     vocab = state.engine.engine.vocab_size
     out = []
     for item in items:
-        ids = (state.tokenizer.encode(item) if item else []) if isinstance(item, str) else list(item)
+        ids = (state.tokenizer.encode(item, add_special_tokens=add_special_tokens) if item else []) \
+            if isinstance(item, str) else list(item)
         if not ids:
             raise InvalidRequestError("prompt is empty", field="prompt")
         bad = [t for t in ids if not 0 <= t < vocab]
@@ -77,18 +80,18 @@ def _text_size(prompt: str | list[int] | list[str] | list[list[int]]) -> int:
 
 
 def prepare_completion(state: ServerState, req: CompletionRequest) -> CompletionJob:
-    check_request_text(req)
+    check_request(state, req)
     check_model(state, req.model)
     _check_fields(req)
     num_prompts = 1 if isinstance(req.prompt, str) or all(isinstance(t, int) for t in req.prompt) else len(req.prompt)
     check_num_choices(state, max(1, num_prompts) * req.n, "n" if req.n > 1 else "prompt")
-    prompts = prompt_token_ids(state, req.prompt)
+    prompts = [truncate_prompt(state, ids, req) for ids in prompt_token_ids(state, req.prompt, req.add_special_tokens)]
     params: list[SamplingParams] = []
     for ids in prompts:
         max_tokens = resolve_max_tokens(state, req.max_tokens, len(ids), "max_tokens", "prompt",
                                         default=DEFAULT_MAX_TOKENS)
         params += sampling_params(req, max_tokens, req.logprobs, req.n)
-    return CompletionJob(new_id("cmpl"), int(time.time()), state.config.model_name,
+    return CompletionJob(response_id("cmpl", req), int(time.time()), state.config.model_name,
                          [ids for ids in prompts for _ in range(req.n)], params, sum(len(p) for p in prompts),
                          req.logprobs, req.include_usage)
 

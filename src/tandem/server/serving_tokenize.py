@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tandem.errors import InvalidRequestError
 from tandem.server.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from tandem.server.serving_common import ServerState, check_model, check_request_text, off_loop_if_large
+from tandem.server.serving_common import ServerState, check_model, check_request, off_loop_if_large
 from tandem.tools.chat_format import render_chat
 
 
@@ -21,7 +21,7 @@ def _tokenize(state: ServerState, req: TokenizeRequest) -> list[int]:
 
 
 async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse:
-    check_request_text(req)
+    check_request(state, req)
     check_model(state, req.model)
     size = len(req.prompt) if req.prompt is not None else \
         sum(len(m.content) if isinstance(m.content, str) else 0 for m in req.messages or [])
@@ -31,6 +31,7 @@ async def tokenize(state: ServerState, req: TokenizeRequest) -> TokenizeResponse
 
 
 def detokenize(state: ServerState, req: DetokenizeRequest) -> DetokenizeResponse:
+    check_request(state, req)
     check_model(state, req.model)
     vocab = state.engine.engine.vocab_size
     bad = next((i for i, t in enumerate(req.tokens) if t >= vocab), None)
