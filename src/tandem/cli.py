@@ -53,6 +53,10 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -
     g.add_argument("--swap-space-gb", type=float, default=0.25, help="host memory for KV swapped out in tool pauses")
     sd = p.add_argument_group("speculative decoding (FASER)")
     sd.add_argument("--speculative", choices=["ngram", "draft", "layerskip"], default=None)
+    sd.add_argument("--speculative-config", default=None, metavar="JSON",
+                    help='vLLM\'s form, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+                         '\'{"model": "draft.gguf", "num_speculative_tokens": 5}\'; Tandem\'s SpecConfig '
+                         'fields (policy, frontier_size, ...) may sit beside them')
     sd.add_argument("--spec-policy", choices=["adaptive", "fixed", "table", "survival", "none"], default="adaptive")
     sd.add_argument("--max-draft-tokens", type=int, default=8)
     sd.add_argument("--draft-model", default=None, help="draft model (HF dir or .gguf) for --speculative draft")
@@ -90,9 +94,15 @@ def _tools(a: argparse.Namespace):
 
 
 def _spec_config(a: argparse.Namespace):
+    from tandem.config import SpecConfig
+    from tandem.errors import ConfigError
+
+    if getattr(a, "speculative_config", None):
+        if getattr(a, "speculative", None):
+            raise ConfigError("give --speculative or --speculative-config, not both")
+        return SpecConfig.from_vllm(a.speculative_config)
     if not getattr(a, "speculative", None):
         return None
-    from tandem.config import SpecConfig
 
     return SpecConfig(method=a.speculative, policy=a.spec_policy, max_draft_tokens=a.max_draft_tokens,
                       draft_model=a.draft_model, num_draft_layers=a.num_draft_layers,

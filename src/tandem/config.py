@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from tandem.errors import ConfigError
@@ -141,3 +142,43 @@ class SpecConfig:
             raise ConfigError("overlap drafts frontier f+1 while frontier f is verified: set frontier_size >= 1")
         if any(b < 1 or k < 0 for b, k in self.length_table):
             raise ConfigError("length_table entries must be (batch size >= 1, length >= 0)")
+
+    @classmethod
+    def from_vllm(cls, spec: dict | str) -> SpecConfig:
+        """A SpecConfig from vLLM's `--speculative-config` JSON (a dict or its text): `method`
+        ngram or draft_model (or a `model` alone), `num_speculative_tokens` (the most drafted per
+        step), `prompt_lookup_min` / `prompt_lookup_max`; any SpecConfig field by its own name
+        (`policy`, `frontier_size`, ...) may sit beside them. `policy` stays adaptive unless given:
+        `"policy": "fixed"` drafts vLLM's fixed length."""
+        import json
+
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except ValueError as e:
+                raise ConfigError(f"speculative config is not JSON: {e}") from None
+        if not isinstance(spec, dict):
+            raise ConfigError(f"speculative config must be a JSON object, got {type(spec).__name__}")
+        renames = {"num_speculative_tokens": "max_draft_tokens", "prompt_lookup_min": "ngram_min",
+                   "prompt_lookup_max": "ngram_max", "model": "draft_model"}
+        spec = dict(spec)
+        method = spec.pop("method", None)
+        if method == "draft_model" or (method is None and (spec.get("model") or spec.get("draft_model"))):
+            method = "draft"
+        if method not in (None, *SPEC_METHODS):
+            raise ConfigError(f"speculative method {method!r} is not supported; use ngram, draft_model (with "
+                              "model) or layerskip")
+        kw: dict = {"method": method or "ngram"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"method"}
+        for key, value in spec.items():
+            name = renames.get(key, key)
+            if name not in known:
+                raise ConfigError(f"unknown speculative config key {key!r}; known: {sorted(set(renames) | known)}")
+            if value is not None:
+                kw[name] = tuple(map(tuple, value)) if name == "length_table" else value
+        if "ngram_min" in kw and "ngram_max" not in kw:      # vLLM: min alone raises the max to it
+            kw["ngram_max"] = max(kw["ngram_min"], cls.ngram_max)
+        try:
+            return cls(**kw)
+        except TypeError as e:                # e.g. "4" where a number belongs
+            raise ConfigError(f"speculative config: wrong value type ({e})") from None

@@ -144,13 +144,17 @@ def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
     return f"float + {n} GGUF-quantized layers (quantized kernel up to {min(rows.values(), default=0)} rows)"
 
 
-def as_spec_config(speculative: SpecConfig | str | None) -> SpecConfig | None:
-    """`speculative="ngram"` (or "layerskip") is shorthand for SpecConfig(method=...)."""
+def as_spec_config(speculative: SpecConfig | str | dict | None) -> SpecConfig | None:
+    """`speculative="ngram"` (or "layerskip") is shorthand for SpecConfig(method=...); a dict is
+    vLLM's speculative_config (`SpecConfig.from_vllm`)."""
     if speculative is None or isinstance(speculative, SpecConfig):
         return speculative
     if isinstance(speculative, str):
         return SpecConfig(method=speculative)
-    raise ConfigError(f"speculative must be a SpecConfig or a method name, got {speculative!r}")
+    if isinstance(speculative, dict):
+        return SpecConfig.from_vllm(speculative)
+    raise ConfigError(f"speculative must be a SpecConfig, a method name or a vLLM speculative_config dict, "
+                      f"got {speculative!r}")
 
 
 def _context_limit(model_max: int, window: int | None) -> int:
@@ -178,7 +182,12 @@ class LLM:
                  num_threads: int | None = None, speculative: SpecConfig | str | None = None,
                  tools: ToolRegistry | list[str] | bool | None = None, swap_space_gb: float = 0.25,
                  progress: bool = True, quantization: str = "auto", target_tpot_ms: float | None = None,
-                 ttft_guard_ms: float = 1000.0, kv_cache_dtype: str = "auto") -> None:
+                 ttft_guard_ms: float = 1000.0, kv_cache_dtype: str = "auto",
+                 speculative_config: dict | None = None) -> None:
+        if speculative_config is not None:          # vLLM's name for it
+            if speculative is not None:
+                raise ConfigError("give speculative or speculative_config, not both")
+            speculative = SpecConfig.from_vllm(speculative_config)
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
                                 num_threads=num_threads, quantization=quantization)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
