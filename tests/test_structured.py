@@ -1,6 +1,6 @@
 """Structured outputs (llguidance): the sampler masks every step to what the grammar allows, so a
 random tiny model's output still parses as the schema, matches the regex, or is one of the choices;
-bad constraints are 400s naming their field; constrained requests decode without speculation."""
+bad constraints are 400s naming their field; constrained requests speculate losslessly."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from tandem import LLM, SamplingParams, StructuredOutputs
 from tandem.errors import InvalidRequestError
@@ -86,14 +87,61 @@ def test_unconstrained_rows_in_the_same_batch_are_untouched(llm):
     assert mixed[0].token_ids == alone and mixed[1].text == "ab"
 
 
-def test_constrained_requests_decode_without_speculation(tiny_llama):
-    so = StructuredOutputs(json=SCHEMA)
-    assert not SamplingParams(structured_outputs=so).speculation_ok
-    spec = LLM(model=str(tiny_llama), dtype="float32", progress=False, speculative="ngram")
-    out = spec.generate(prompt_token_ids=[[5, 6, 7, 8]], sampling_params=SamplingParams(
-        max_tokens=80, temperature=0, structured_outputs=so))[0]
-    assert json.loads(out.text)["tag"] in ("red", "green", "blue")
-    assert spec.engine.scheduler.spec_stats.num_steps == 0
+@pytest.mark.parametrize("frontier", [0, 2], ids=["one-pass", "frontiers"])
+def test_constrained_requests_speculate_losslessly(tiny_llama, llm, frontier):
+    """n-gram drafts copied from a prompt full of records: drafts the grammar refuses are cut, each
+    verification row is masked by the grammar after the drafts before it, and the greedy output is
+    token for token the unspeculated constrained output."""
+    from tandem.config import SpecConfig
+
+    assert SamplingParams(structured_outputs=StructuredOutputs(json=SCHEMA)).speculation_ok
+    spec = LLM(model=str(tiny_llama), dtype="float32", progress=False,
+               speculative=SpecConfig(method="ngram", policy="fixed", max_draft_tokens=4, frontier_size=frontier))
+    record = '{"ok": true, "n": 7, "tag": "red"} {"ok": false, "n": 42, "tag": "blue"} '
+    prompt = llm.tokenizer.encode(record * 3)
+    cases = [StructuredOutputs(json=SCHEMA), StructuredOutputs(regex=r'(\{"ok": (true|false)\} ){2}'),
+             StructuredOutputs(choice=['{"ok": true, "n": 7, "tag": "red"}', '{"ok": false}'])]
+    for so in cases:
+        params = SamplingParams(max_tokens=60, temperature=0, structured_outputs=so)
+        want = llm.generate(prompt_token_ids=[prompt], sampling_params=params)[0]
+        got = spec.generate(prompt_token_ids=[prompt], sampling_params=params)[0]
+        assert got.token_ids == want.token_ids and got.text == want.text, so.kind
+    stats = spec.engine.scheduler.spec_stats
+    assert stats.num_steps > 0 and stats.num_draft_tokens > stats.num_accepted_tokens > 0
+    sampled = spec.generate(prompt_token_ids=[prompt] * 4, sampling_params=[SamplingParams(
+        max_tokens=60, temperature=1.0, seed=i, structured_outputs=StructuredOutputs(json=SCHEMA)) for i in range(4)])
+    import jsonschema
+
+    for o in sampled:
+        assert o.finish_reason == "stop", o.text
+        jsonschema.validate(json.loads(o.text), SCHEMA)
+
+
+def test_grammar_masks_follow_the_drafts(llm):
+    """Row j's mask is the grammar's after drafts[:j]; a refused draft's later rows repeat its mask;
+    the matcher is left where it was."""
+    from tandem.runner.sampler import SampleRow
+
+    sampler = llm.engine.executor.sampler
+    so = StructuredOutputs(choice=["abc", "abd"])
+    params = SamplingParams(structured_outputs=so)
+    row = SampleRow("mask-test", params, 0, frozenset())
+    tok = llm.tokenizer
+    ids = tok.encode("abc", add_special_tokens=False)
+    vocab = llm.engine.vocab_size
+    masks = sampler.grammar_masks(row, ids, len(ids) + 1, vocab)
+    m = sampler._matcher(row)
+    for j, t in enumerate(ids):                    # the same masks, consuming for real
+        bits = sampler.grammar_masks(row, [], 1, vocab)[0]
+        assert torch.equal(bits, masks[j]) and bits[t]
+        assert m.consume_token(t)
+    assert torch.equal(sampler.grammar_masks(row, [], 1, vocab)[0], masks[len(ids)])
+    sampler.release("mask-test")
+    bad = [ids[0], tok.encode("z", add_special_tokens=False)[0], ids[0]]
+    masks = sampler.grammar_masks(row, bad, 3, vocab)
+    assert torch.equal(masks[2], masks[1]) and not masks[1][bad[1]]
+    assert sampler.grammar_valid_prefix(row, bad) == 1
+    sampler.release("mask-test")
 
 
 def test_the_server_enforces_response_format_and_vllm_fields(tiny_llama, tmp_path_factory):

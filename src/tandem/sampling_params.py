@@ -37,7 +37,8 @@ class SamplingParams:
     `structured_outputs` constrains the output to a JSON schema, any JSON object, a regex, a choice
     or a grammar (tandem.structured): each step's logits are masked to the tokens the grammar
     allows, so the output matches it when it ends by EOS (a `max_tokens` cut can leave it unfinished).
-    Such requests decode without speculation.
+    With speculation, drafts are cut where the grammar refuses them and every verification row is
+    masked by it, so the output is what unspeculated decoding would give.
     """
 
     max_tokens: int = 16
@@ -113,8 +114,9 @@ class SamplingParams:
     @property
     def speculation_ok(self) -> bool:
         """False when the next token's distribution depends on adjustments that speculative
-        verification does not apply (penalties, logit bias): such requests decode one token a step."""
-        return not self.has_penalties and not self.logit_bias and self.structured_outputs is None
+        verification does not apply (penalties, logit bias): such requests decode one token a step.
+        A grammar is applied (drafts cut where it refuses them, each verification row masked)."""
+        return not self.has_penalties and not self.logit_bias
 
 
 def _is_token_id(k) -> bool:

@@ -125,28 +125,61 @@ class Sampler:
         """Set to -inf the logits of tokens the rows' grammars do not allow next. Each request's
         matcher is made on its first constrained step and advanced by every token drawn for it; it
         is dropped with the request (`release`). A matcher in an error state allows only EOS."""
-        if self.grammar is None:
-            raise RuntimeError("a request asks for structured outputs but this sampler has no grammar backend")
         vocab = logits.shape[-1]
         words = (vocab + 31) // 32
         bits = torch.empty(len(constrained), words, dtype=torch.int32)
         for j, i in enumerate(constrained):
-            r = rows[i]
-            m = self._matchers.get(r.request_id)
-            if m is None:
-                try:
-                    m = self.grammar.matcher(r.params.structured_outputs)
-                except InvalidRequestError as e:    # validated at admission; never fail the whole step
-                    log.error("request %s: %s; ending it", r.request_id, e)
-                    m = _EndNow(self.grammar.eos_token_ids)
-                self._matchers[r.request_id] = m
-            m.unsafe_compute_mask_ptr(bits[j].data_ptr(), words * 4)
-        shifts = torch.arange(32, dtype=torch.int32)
-        allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(len(constrained), words * 32)[:, :vocab].bool()
+            self._matcher(rows[i]).unsafe_compute_mask_ptr(bits[j].data_ptr(), words * 4)
+        allowed = _unpack_bits(bits, vocab)
         idx = _index(constrained, logits.device)
         logits = logits.clone()
         logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill(~allowed.to(logits.device), float("-inf")))
         return logits
+
+    def _matcher(self, r: SampleRow):
+        """The request's matcher, made on first use (its state: every token committed so far)."""
+        m = self._matchers.get(r.request_id)
+        if m is None:
+            if self.grammar is None:
+                raise RuntimeError("a request asks for structured outputs but this sampler has no grammar backend")
+            try:
+                m = self.grammar.matcher(r.params.structured_outputs)
+            except InvalidRequestError as e:    # validated at admission; never fail the whole step
+                log.error("request %s: %s; ending it", r.request_id, e)
+                m = _EndNow(self.grammar.eos_token_ids)
+            self._matchers[r.request_id] = m
+        return m
+
+    # Speculative decoding under a grammar: drafts are cut at their first token the grammar refuses,
+    # and each verification row is masked by the grammar's state after the drafts before it, so the
+    # target distribution the verifier samples from is the constrained one (lossless).
+    def grammar_valid_prefix(self, row: SampleRow, tokens: list[int]) -> int:
+        """How many of `tokens`, drafted after the committed ones, the grammar accepts in a row."""
+        return self._matcher(row).validate_tokens(list(tokens)) if tokens else 0
+
+    def grammar_masks(self, row: SampleRow, drafts: list[int], num_rows: int, vocab: int) -> torch.Tensor:
+        """[num_rows, vocab] bool: the tokens allowed at each verification row (row j follows the
+        committed tokens and drafts[:j]). Rows after a draft the grammar refuses repeat the last
+        mask: verification stops at that draft (its target probability is 0) and never reads them."""
+        m = self._matcher(row)
+        words = (vocab + 31) // 32
+        bits = torch.empty(num_rows, words, dtype=torch.int32)
+        consumed = j = 0
+        for j in range(num_rows):
+            m.unsafe_compute_mask_ptr(bits[j].data_ptr(), words * 4)
+            if j == num_rows - 1 or j >= len(drafts) or m.try_consume_tokens([drafts[j]]) != 1:
+                break
+            consumed += 1
+        bits[j + 1:] = bits[j]
+        if consumed:
+            m.rollback(consumed)
+        return _unpack_bits(bits, vocab)
+
+    def grammar_advance(self, row: SampleRow, tokens: list[int]) -> None:
+        """Commit tokens emitted by verification to the request's matcher."""
+        m = self._matcher(row)
+        for t in tokens:
+            m.consume_token(t)
 
     def _uniforms(self, rows: list[SampleRow]) -> torch.Tensor:
         """One uniform in (0, 1] per row: keyed by (seed, stream, position) when seeded."""
@@ -161,6 +194,12 @@ class Sampler:
         """One token from `probs` [V] (exponential race)."""
         e = torch.empty_like(probs).exponential_(generator=generator)
         return int((probs / e).argmax())
+
+
+def _unpack_bits(bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[M, words] int32 bitmasks (llguidance's layout: token t is bit t % 32 of word t // 32) -> [M, vocab] bool."""
+    shifts = torch.arange(32, dtype=torch.int32)
+    return ((bits.unsqueeze(-1) >> shifts) & 1).view(bits.shape[0], bits.shape[1] * 32)[:, :vocab].bool()
 
 
 class _EndNow:
@@ -181,6 +220,15 @@ class _EndNow:
 
     def consume_token(self, token: int) -> bool:
         return token in self.eos
+
+    def validate_tokens(self, tokens: list[int]) -> int:
+        return 1 if tokens and tokens[0] in self.eos else 0
+
+    def try_consume_tokens(self, tokens: list[int]) -> int:
+        return self.validate_tokens(tokens)
+
+    def rollback(self, num_tokens: int) -> bool:
+        return True
 
 
 def _fused_sampler(device: torch.device):

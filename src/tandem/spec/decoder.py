@@ -55,12 +55,25 @@ class SpecDecoder:
         if not seqs:
             return {}
         if isinstance(self.proposer, NgramProposer):
-            return {s.request_id: Draft(self.proposer.propose(s.request_id, s.history, s.num_draft_tokens))
-                    for s in seqs}
-        ks = [s.num_draft_tokens for s in seqs]
-        if self.overlaps:                       # the first frontier now, the rest during verification
-            ks = [min(k, self.step_frontier) for k in ks]
-        return self.proposer.propose(seqs, ks)
+            drafts = {s.request_id: Draft(self.proposer.propose(s.request_id, s.history, s.num_draft_tokens))
+                      for s in seqs}
+        else:
+            ks = [s.num_draft_tokens for s in seqs]
+            if self.overlaps:                   # the first frontier now, the rest during verification
+                ks = [min(k, self.step_frontier) for k in ks]
+            drafts = self.proposer.propose(seqs, ks)
+        for s in seqs:                          # under a grammar: cut at the first token it refuses
+            if s.sampling_params.structured_outputs is not None and s.request_id in drafts:
+                self._cut_to_grammar(s, drafts[s.request_id])
+        return drafts
+
+    def _cut_to_grammar(self, s: ScheduledSeq, draft: Draft) -> None:
+        row = SampleRow(s.request_id, s.sampling_params, s.num_output_tokens, s.stop_token_ids)
+        keep = self.sampler.grammar_valid_prefix(row, draft.tokens)
+        if keep < len(draft.tokens):
+            draft.tokens = draft.tokens[:keep]
+            if draft.probs is not None:
+                draft.probs = draft.probs[:keep]
 
     @staticmethod
     def extend(plan: StepPlan, drafts: dict[str, Draft]) -> StepPlan:
@@ -82,12 +95,18 @@ class SpecDecoder:
         rows = [SampleRow(seq.request_id, params, seq.num_output_tokens + first + j, seq.stop_token_ids)
                 for j in range(n)]
         masked = apply_min_tokens(logits, rows)
+        constrained = params.structured_outputs is not None
+        if constrained:                 # each row masked by the grammar's state after the drafts before it
+            allowed = self.sampler.grammar_masks(rows[0], drafts, n, logits.shape[-1])
+            masked = masked.masked_fill(~allowed.to(masked.device), float("-inf"))
         if params.greedy:
             out = verify_greedy(masked.argmax(dim=-1).tolist(), drafts)
         else:
             p = torch.stack([warp_probs(masked[j], params) for j in range(n)])
             q = draft.probs[first:first + len(drafts)] if draft.probs is not None else None
             out = verify_sampled(p, drafts, q, self.sampler.generator_for(rows[0]))
+        if constrained:
+            self.sampler.grammar_advance(rows[0], out)
         lps = None
         if params.logprobs is not None:
             raw = torch.log_softmax(logits[:len(out)], dim=-1)
