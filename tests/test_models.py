@@ -122,3 +122,94 @@ def test_prefix_cache_hit_is_exact(tiny_llama):
     for pos, row in rec.logits[b].items():
         torch.testing.assert_close(row, ref[pos], atol=ATOL, rtol=0)
     assert a != b
+
+
+# --- Llama 3.1+ RoPE scaling (rope_scaling rope_type llama3) ----------------------------------------
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+
+def make_llama3_model(out, rope_scaling: dict | None = None, seed: int = 0):
+    """A tiny random Llama with Llama 3's RoPE scaling: head_dim 16 and theta 10000 give wavelengths
+    6.3 ... 19869, so with original_max_position_embeddings 64 its dimensions are high-frequency
+    (kept), medium (smoothed) and low-frequency (divided by the factor)."""
+    import transformers
+
+    from conftest import make_tokenizer
+
+    tok = make_tokenizer(out)
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+        rope_scaling=dict(rope_scaling or LLAMA3_ROPE), tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.uniform_(0.5, 1.5) if n.endswith("norm.weight") else p.normal_(0, 0.2)
+    model.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_llama3(tmp_path_factory):
+    return make_llama3_model(tmp_path_factory.mktemp("llama3") / "llama3")
+
+
+def test_llama3_rope_frequencies_are_transformers_own(tiny_llama3):
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from tandem.models.loader import load_arch
+
+    inv, scaling = load_arch(tiny_llama3).rope_inv_freq()
+    ref = LlamaRotaryEmbedding(AutoConfig.from_pretrained(str(tiny_llama3)))
+    assert torch.equal(inv, ref.inv_freq) and scaling == ref.attention_scaling == 1.0
+    plain = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float) / 16))
+    kept, divided = inv == plain, torch.isclose(inv, plain / 8, rtol=1e-6)
+    assert kept[:1].all() and divided[-5:].all() and not (kept | divided)[1:3].any()   # all three bands
+
+
+def test_llama3_rope_model_matches_transformers(tiny_llama3):
+    run_and_compare(tiny_llama3, [list(range(3, 80)), [5, 6, 7]], max_tokens=8, budget=64)
+
+
+# --- quantized Hugging Face checkpoints: refused by name, with what to do ---------------------------
+
+@pytest.mark.parametrize("method, advice", [
+    ("fp8", "BF16/FP16 model it was made from"), ("fbgemm_fp8", "FP8 kernels"), ("gptq", "GGUF"), ("awq", "GGUF"),
+    ("bitsandbytes", "unquantized model"), ("compressed-tensors", "llm-compressor"), ("mxfp4", "unquantized model"),
+])
+def test_quantized_checkpoint_is_a_typed_error_naming_the_method(tiny_llama, tmp_path, method, advice):
+    import json
+    import shutil
+
+    from tandem.errors import ModelLoadError, UnsupportedQuantizationError
+    from tandem.models.loader import load_arch
+
+    bad = tmp_path / method
+    shutil.copytree(tiny_llama, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": method, "bits": 4}
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedQuantizationError) as e:
+        load_arch(bad)
+    assert isinstance(e.value, ModelLoadError) and e.value.method == method
+    msg = str(e.value)
+    assert f"'{method}'-quantized" in msg and "cannot run" in msg and advice in msg and "GGUF files" in msg
+
+
+def test_autogptq_quantize_config_is_refused_too(tiny_llama, tmp_path):
+    import json
+    import shutil
+
+    from tandem.errors import UnsupportedQuantizationError
+    from tandem.models.loader import load_arch
+
+    bad = tmp_path / "gptq-old"
+    shutil.copytree(tiny_llama, bad)
+    (bad / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
+    with pytest.raises(UnsupportedQuantizationError, match="'gptq'-quantized checkpoint \\(quantize_config.json, 4-bit"):
+        load_arch(bad)

@@ -134,6 +134,23 @@ def test_stop_strings_cut_the_text(llm):
     assert out.text == text[:cut + len(stop)]
 
 
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_the_stop_token_is_output_but_not_text(llm, skip_special):
+    """vLLM's rule: a request ending on a stop token (EOS or stop_token_ids) has it in token_ids but
+    not in its text, even with special tokens decoded, unless include_stop_str_in_output."""
+    base = gen(llm, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0].token_ids
+    tok = llm.tokenizer
+    stop = next(t for t in base[2:] if tok.decode([t]).strip().isascii() and tok.decode([t]).strip())  # shows text
+    n = base.index(stop) + 1
+    for include in (False, True):
+        out = gen(llm, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[stop],
+                                      skip_special_tokens=skip_special, include_stop_str_in_output=include))[0]
+        assert out.token_ids == base[:n] and out.finish_reason == "stop"
+        shown = gen(llm, SamplingParams(max_tokens=n if include else n - 1, temperature=0, ignore_eos=True,
+                                        skip_special_tokens=skip_special))[0]      # the same tokens, cut by length
+        assert out.text == shown.text
+
+
 def test_streamed_deltas_rebuild_multibyte_text(llm):
     """Byte-level tokens split multi-byte characters: deltas never show half a character."""
     tok = llm.tokenizer

@@ -26,11 +26,18 @@ SERVE_BATCHED_TOKENS = 2048   # `tandem serve`'s step budget, vLLM's server defa
 
 def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--model", default=None,
+                   help="HF model directory, .gguf file, or Hugging Face Hub repository org/name[@revision] "
+                        "(org/name/FILE.gguf for one GGUF of a repository; fetched into the HF cache, "
+                        "HF_HUB_OFFLINE=1 reads the cache only) (default: SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 (auto: bf16 where fast)")
     g.add_argument("--device", default="auto")
     g.add_argument("--quantization", choices=["auto", "gguf", "none"], default="auto",
                    help="auto/gguf: a model from a GGUF keeps its Q4_1/Q8_0 blocks for small steps on CPU")
+    g.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+                   help="sampling defaults for requests that omit a field: auto, the model's "
+                        "generation_config.json (temperature, top_p, top_k, min_p, penalties, max_new_tokens); "
+                        "vllm, none (neutral); or a folder holding a generation_config.json (default auto)")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens,
                    help=f"tokens one step computes, prefill chunks and decodes (default {max_num_batched_tokens})")
@@ -68,6 +75,27 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -
     sd.add_argument("--overlap", action="store_true",
                     help="draft frontier f+1 on another thread while frontier f is verified (needs --frontier-size)")
     sd.add_argument("--draft-threads", type=int, default=1, help="CPU threads the overlapped drafter gets")
+
+
+def _chat_args(s: argparse.ArgumentParser) -> None:
+    """vLLM's chat-output flags of `tandem serve`: the tool-call format, auto tool choice, reasoning."""
+    from tandem.tools.parsers import ALIASES, TOOL_PARSERS
+    from tandem.tools.reasoning import REASONING_PARSERS
+
+    c = s.add_argument_group("chat outputs (vLLM's flags)")
+    c.add_argument("--tool-call-parser", default="hermes", choices=TOOL_PARSERS + tuple(ALIASES),
+                   metavar="{" + ",".join(TOOL_PARSERS) + "}",
+                   help="the tool-call format the model writes (default hermes: <tool_call> JSON; vLLM's "
+                        + ", ".join(f"{k} ({v})" for k, v in ALIASES.items()) + " work too)")
+    c.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=True,
+                   help="parse tool calls the model chooses to make (tool_choice auto, the default with "
+                        "tools); --no-enable-auto-tool-choice answers such requests with a 400, as vLLM "
+                        "does without this flag")
+    c.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="return the model's <think> reasoning as message.reasoning / reasoning_content "
+                        "(default: off, the reasoning stays in the content)")
+    c.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept a chat_template given in the request (default: a 400)")
 
 
 def _tools(a: argparse.Namespace):
@@ -119,6 +147,7 @@ def _make_llm(a: argparse.Namespace, **overrides):
               kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
               seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
               swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization,
+              generation_config=a.generation_config,
               target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms, kv_cache_dtype=a.kv_cache_dtype)
     kw.update(overrides)
     return LLM(**kw)
@@ -141,14 +170,18 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def served_model_name(model: str | None) -> str:
-    """The default name a server answers to: the model directory's name (a GGUF file's stem)."""
+    """The default name a server answers to: the model directory's name (a GGUF file's stem); for a
+    Hugging Face Hub model, its repository id org/name (as vLLM, without the @revision)."""
     from pathlib import Path
 
-    from tandem.models.fetch import DEFAULT_MODEL
+    from tandem.models.fetch import DEFAULT_MODEL, parse_hub_id
 
     if model is None:
         return DEFAULT_MODEL
     path = Path(model).expanduser()
+    hub = None if path.exists() else parse_hub_id(model)
+    if hub is not None:
+        return hub[0]
     return path.stem if path.suffix == ".gguf" else path.resolve().name
 
 
@@ -171,10 +204,17 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     engine = AsyncLLMEngine(build, max_waiting=a.max_waiting)
     llm = built["llm"]
+    grammar = getattr(llm.engine, "grammar", None)
+    if grammar is not None:            # build llguidance's tokenizer view (~1 s) now, not on a first request
+        import threading
+
+        threading.Thread(target=lambda: grammar.tokenizer, name="grammar-warmup", daemon=True).start()
     serve(engine, a.served_model_name or served_model_name(a.model), host=a.host, port=a.port, api_key=a.api_key,
           max_request_bytes=a.max_request_bytes, max_tokens_limit=a.max_tokens_limit,
           drain_timeout_s=a.drain_timeout, log_level="debug" if a.verbose else "info", tools=llm.tool_registry,
-          metrics_prefixes=a.metrics_prefix, strict=a.strict)
+          metrics_prefixes=a.metrics_prefix, strict=a.strict, tool_parser=a.tool_call_parser,
+          enable_auto_tool_choice=a.enable_auto_tool_choice, reasoning_parser=a.reasoning_parser,
+          trust_request_chat_template=a.trust_request_chat_template)
     return 0
 
 
@@ -227,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tools", default="", help="server-side built-in tools, e.g. calculator,retrieve")
     s.add_argument("--tools-module", default=None, help="a module whose register(registry) adds Python tools")
     s.add_argument("--tools-docs", default=None, help="folder of .txt/.md documents for the retrieve tool")
+    _chat_args(s)
     _model_args(s, SERVE_BATCHED_TOKENS)
     s.set_defaults(func=cmd_serve)
 
@@ -243,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("model", help="model management")
     msub = m.add_subparsers(dest="model_command", required=True)
     f = msub.add_parser("fetch", help="download and convert a model (default: SmolLM2-135M-Instruct)")
-    f.add_argument("--model", default=None)
+    f.add_argument("--model", default=None, help="HF directory, .gguf file or Hub repository org/name[@revision]")
     f.set_defaults(func=cmd_model_fetch)
 
     b = sub.add_parser("bench", help="benchmarks")

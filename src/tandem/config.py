@@ -61,7 +61,7 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str | None = None            # HF directory, .gguf file, or None for the default model
+    model: str | None = None            # HF directory, .gguf file, Hub id org/name[@rev], or None: the default
     dtype: str = "auto"                 # auto | bfloat16 | float16 | float32
     device: str = "auto"                # auto | cpu | cuda[:N]
     max_model_len: int | None = None    # None: the model's own context length (capped, see engine)
@@ -70,10 +70,15 @@ class ModelConfig:
     # auto: a model converted from a GGUF keeps its Q4_1 / Q8_0 blocks for small steps on CPU
     # (tandem.models.quant); gguf: the same, and an error where it cannot; none: float weights only.
     quantization: str = "auto"
+    # Sampling defaults for requests that omit a field: auto: the model's generation_config.json;
+    # vllm: none (neutral); else a folder holding a generation_config.json (tandem.models.generation_config).
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.quantization not in ("auto", "gguf", "none"):
             raise ConfigError(f"unknown quantization {self.quantization!r} (auto, gguf or none)")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ConfigError(f"generation_config must be auto, vllm or a folder, got {self.generation_config!r}")
         if self.dtype not in ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float"):
             raise ConfigError(f"unknown dtype {self.dtype!r} (auto, bfloat16, float16 or float32)")
 

@@ -22,5 +22,14 @@ class ModelLoadError(TandemError):
     """A model path, file or configuration that cannot be loaded."""
 
 
+class UnsupportedQuantizationError(ModelLoadError):
+    """A checkpoint quantized by a method Tandem cannot run (`method`: its quant_method, e.g. "fp8",
+    "gptq", "awq", "bitsandbytes", "compressed-tensors")."""
+
+    def __init__(self, message: str, method: str) -> None:
+        super().__init__(message)
+        self.method = method
+
+
 class ConfigError(TandemError, ValueError):
     """An engine configuration that is invalid (caught at start-up)."""

@@ -19,6 +19,7 @@ from tandem.engine.tokenizer import Tokenizer
 from tandem.errors import ConfigError, InvalidRequestError
 from tandem.kv import KVCacheManager
 from tandem.models.fetch import resolve_model
+from tandem.models.generation_config import default_sampling_params, generation_defaults
 from tandem.models.loader import load_arch, load_model
 from tandem.outputs import RequestOutput
 from tandem.runner.attention import PagedKVCache
@@ -47,6 +48,12 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     model_dir = resolve_model(model_cfg.model, progress)
     arch = load_arch(model_dir)
     tokenizer = Tokenizer(model_dir)
+    defaults = generation_defaults(model_cfg.generation_config, model_dir)
+    if defaults:   # once at startup, as vLLM does
+        log.warning("default sampling parameters overridden by %s: %s; relaunch with --generation-config vllm "
+                    "(LLM(generation_config='vllm')) if this is not intended",
+                    "the model's generation_config.json" if model_cfg.generation_config == "auto"
+                    else model_cfg.generation_config, defaults)
     kv_dtype = resolve_kv_dtype(cache_cfg.kv_cache_dtype, dtype, device, _has_paged_kernel(device))
     bytes_per_block = PagedKVCache.bytes_per_block(arch.num_layers, cache_cfg.block_size, arch.num_kv_heads,
                                                    arch.head_dim, kv_dtype)
@@ -88,7 +95,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
         grammar = structured_grammar.GrammarBackend(tokenizer.hf, arch.vocab_size, tokenizer.eos_token_ids)
         runner.sampler.grammar = grammar
     return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime,
-                     grammar=grammar)
+                     grammar=grammar, generation_defaults=defaults)
 
 
 KV_MIN_AUTO_BYTES = 2**29                   # an automatic KV cache gets at least 0.5 GiB (if needed)
@@ -181,7 +188,8 @@ class LLM:
                  enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
                  num_threads: int | None = None, speculative: SpecConfig | str | None = None,
                  tools: ToolRegistry | list[str] | bool | None = None, swap_space_gb: float = 0.25,
-                 progress: bool = True, quantization: str = "auto", target_tpot_ms: float | None = None,
+                 progress: bool = True, quantization: str = "auto", generation_config: str = "auto",
+                 target_tpot_ms: float | None = None,
                  ttft_guard_ms: float = 1000.0, kv_cache_dtype: str = "auto",
                  speculative_config: dict | None = None) -> None:
         if speculative_config is not None:          # vLLM's name for it
@@ -189,7 +197,8 @@ class LLM:
                 raise ConfigError("give speculative or speculative_config, not both")
             speculative = SpecConfig.from_vllm(speculative_config)
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
-                                num_threads=num_threads, quantization=quantization)
+                                num_threads=num_threads, quantization=quantization,
+                                generation_config=generation_config)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
                                 num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
                                 swap_space_gb=swap_space_gb, kv_cache_dtype=kv_cache_dtype)
@@ -247,7 +256,7 @@ class LLM:
 
     def _run(self, items: list[tuple[str | None, list[int] | None]], sampling_params, use_tqdm: bool,
              tool_options: ToolOptions | None = None) -> list[RequestOutput]:
-        params = _per_request(sampling_params, len(items))
+        params = _per_request(sampling_params, len(items), self.engine.generation_defaults)
         for (prompt, ids), p in zip(items, params):      # validate everything before queueing anything
             self.engine.validate(prompt, ids, p)
         order = [self.engine.add_request(prompt, p, prompt_token_ids=ids, tool_options=tool_options)
@@ -297,9 +306,10 @@ def _as_registry(tools) -> ToolRegistry | None:
     return keep
 
 
-def _per_request(sampling_params, n: int) -> list[SamplingParams]:
+def _per_request(sampling_params, n: int, defaults: dict | None = None) -> list[SamplingParams]:
+    """One SamplingParams per prompt; none given: the model's defaults (its generation_config.json)."""
     if sampling_params is None:
-        return [SamplingParams()] * n
+        return [default_sampling_params(defaults or {})] * n
     if isinstance(sampling_params, SamplingParams):
         return [sampling_params] * n
     params = list(sampling_params)

@@ -70,8 +70,12 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, scheduler: Scheduler, executor: Executor, tokenizer: Tokenizer | None,
                  vocab_size: int, max_model_len: int, clock: Callable[[], float] = time.monotonic,
-                 tools: ToolRuntime | None = None, grammar=None) -> None:
+                 tools: ToolRuntime | None = None, grammar=None,
+                 generation_defaults: dict | None = None) -> None:
         self.scheduler = scheduler
+        # SamplingParams fields a request that omits them gets (the model's generation_config.json,
+        # tandem.models.generation_config): read by the server and by LLM.generate without params.
+        self.generation_defaults: dict = dict(generation_defaults or {})
         self.grammar = grammar              # tandem.structured.grammar.GrammarBackend, or None
         self.tools = tools
         self.executor = executor
@@ -212,7 +216,11 @@ class LLMEngine:
             state.logprobs.extend(logprobs[:len(u.new_token_ids)])
         finished = u.finished
         before = len(state.detok.text) if state.detok is not None else 0
-        if state.detok is not None and state.detok.add_tokens(u.new_token_ids) and not finished:
+        text_ids = u.new_token_ids
+        if finished and text_ids and text_ids[-1] in u.request.stop_token_ids \
+                and u.request.finish_reason == FinishReason.STOP and not u.request.sampling_params.include_stop_str_in_output:
+            text_ids = text_ids[:-1]        # the stop token (EOS, stop_token_ids) is output, not text (vLLM's)
+        if state.detok is not None and state.detok.add_tokens(text_ids) and not finished:
             self._finish(u.request, FinishReason.STOP)
             finished = True
         if not finished and self.tools is not None and self.tools.is_watched(rid):

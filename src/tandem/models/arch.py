@@ -45,7 +45,19 @@ class ArchConfig:
         return self.num_kv_heads * self.head_dim
 
     def rope_inv_freq(self) -> tuple[torch.Tensor, float]:
-        """RoPE inverse frequencies and attention scaling, computed by transformers' own functions."""
+        """RoPE inverse frequencies and attention scaling, computed by transformers' own functions
+        (Llama 3's rope_scaling included), divided by `rope_freq_factors` where a converted GGUF
+        carries llama.cpp divisors that are not Llama 3's scheme (tandem.models.gguf_convert)."""
+        inv, scaling = self._rope_inv_freq()
+        factors = getattr(self.hf_config, "rope_freq_factors", None)
+        if factors:
+            if len(factors) != inv.numel():
+                raise ModelLoadError(f"rope_freq_factors has {len(factors)} values, RoPE has {inv.numel()} "
+                                     "frequencies")
+            inv = inv / torch.tensor(factors, dtype=inv.dtype)
+        return inv, scaling
+
+    def _rope_inv_freq(self) -> tuple[torch.Tensor, float]:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         params = getattr(self.hf_config, "rope_parameters", None) or getattr(self.hf_config, "rope_scaling", None) or {}

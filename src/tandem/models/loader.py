@@ -1,7 +1,9 @@
 """Load a Hugging Face model directory (config.json + safetensors) into a fused `LlamaModel`.
 
 Every failure a user can cause (missing directory, unsupported architecture, a truncated or
-corrupt safetensors file, a missing or misshapen tensor) becomes a `ModelLoadError` naming it.
+corrupt safetensors file, a missing or misshapen tensor) becomes a `ModelLoadError` naming it; a
+quantized checkpoint (FP8, GPTQ, AWQ, bitsandbytes, compressed-tensors, ...) an
+`UnsupportedQuantizationError` naming the method and what to load instead.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from tandem.errors import ModelLoadError
+from tandem.errors import ModelLoadError, UnsupportedQuantizationError
 from tandem.models.arch import ArchConfig
 from tandem.models.llama import Linear, LlamaModel
 
@@ -24,18 +26,55 @@ def load_arch(model_dir: Path) -> ArchConfig:
         raise ModelLoadError(f"{model_dir} has no config.json (not a Hugging Face model directory)")
     try:
         raw = json.loads(cfg_path.read_text())
+    except (ValueError, OSError) as e:
+        raise ModelLoadError(f"cannot read {cfg_path}: {e}") from e
+    check_quantization(model_dir, raw)          # before transformers, which may want the method's package
+    try:
         hf = AutoConfig.from_pretrained(str(model_dir))
     except (ValueError, OSError, KeyError) as e:
         raise ModelLoadError(f"cannot read {cfg_path}: {e}") from e
-    quant = raw.get("quantization_config") if isinstance(raw, dict) else None
-    if quant:
-        # FP8, GPTQ, AWQ, bitsandbytes...: the safetensors hold packed weights and scales this loader
-        # would read as plain tensors (or drop): refuse rather than serve garbage.
-        method = quant.get("quant_method", "unknown") if isinstance(quant, dict) else "unknown"
-        raise ModelLoadError(f"{model_dir} is a {method!r}-quantized checkpoint (config.json quantization_config), "
-                             "which Tandem cannot run; use the unquantized model, or a GGUF file "
-                             "(Q4_0/Q4_1/Q8_0 run quantized, other types are dequantized at load)")
     return ArchConfig.from_hf(hf)
+
+
+# What to do instead, per quantization method (quant_method in config.json's quantization_config).
+_QUANT_ADVICE = {
+    "fp8": "FP8 checkpoints need FP8 kernels; use the BF16/FP16 model it was made from",
+    "fbgemm_fp8": "FP8 checkpoints need FP8 kernels; use the BF16/FP16 model it was made from",
+    "gptq": "GPTQ stores packed int4/int8 weights with scales and zeros; use the unquantized model, or a GGUF "
+            "of it (Q4_1/Q8_0 stay quantized on CPU)",
+    "awq": "AWQ stores packed int4 weights with scales; use the unquantized model, or a GGUF of it "
+           "(Q4_1/Q8_0 stay quantized on CPU)",
+    "bitsandbytes": "bitsandbytes packs 4/8-bit weights for its own CUDA kernels; use the unquantized model "
+                    "(transformers' load_in_4bit quantizes at load, so the original checkpoint is what to give)",
+    "compressed-tensors": "compressed-tensors (llm-compressor: FP8, INT8 W8A8, INT4 W4A16...) stores packed "
+                          "weights and scales; use the unquantized model it was compressed from",
+}
+
+
+def check_quantization(model_dir: Path, raw: dict) -> None:
+    """UnsupportedQuantizationError for a checkpoint whose weights are quantized by a method this
+    loader would misread: its packed weights and scales would load as plain tensors, or be dropped.
+    Every method is refused (Tandem runs float weights, and GGUF blocks through its converter); the
+    message names the method and what to give instead."""
+    quant = raw.get("quantization_config") if isinstance(raw, dict) else None
+    source = "config.json quantization_config"
+    if not quant and (model_dir / "quantize_config.json").is_file():   # AutoGPTQ's older layout
+        try:
+            quant = json.loads((model_dir / "quantize_config.json").read_text())
+        except (ValueError, OSError):
+            quant = {}
+        quant = dict(quant) if isinstance(quant, dict) else {}
+        quant.setdefault("quant_method", "gptq")
+        source = "quantize_config.json"
+    if not quant:
+        return
+    method = str(quant.get("quant_method") or "unknown") if isinstance(quant, dict) else "unknown"
+    bits = quant.get("bits") if isinstance(quant, dict) else None
+    advice = _QUANT_ADVICE.get(method.lower(), "use the unquantized model")
+    raise UnsupportedQuantizationError(
+        f"{model_dir} is a {method!r}-quantized checkpoint ({source}{f', {bits}-bit' if bits else ''}), which "
+        f"Tandem cannot run: it runs float weights (float32/bfloat16/float16) and GGUF files (Q4_1/Q8_0 "
+        f"run quantized on CPU, other types are dequantized at load). {advice}.", method)
 
 
 class _Weights:

@@ -37,7 +37,9 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
                drain_timeout_s: float = 30.0,
                model_aliases: tuple[str, ...] = ("default",), tool_parser: str = "hermes",
                tools: Any | None = None, on_shutdown: Callable[[], None] | None = None,
-               metrics_prefixes: tuple[str, ...] = PREFIXES, strict: bool = False) -> FastAPI:
+               metrics_prefixes: tuple[str, ...] = PREFIXES, strict: bool = False,
+               enable_auto_tool_choice: bool = True, reasoning_parser: str | None = None,
+               trust_request_chat_template: bool = False) -> FastAPI:
     """An OpenAI-compatible app over `async_engine`.
 
     model_name: the served name (`/v1/models`; requests naming another model, other than one of
@@ -56,11 +58,25 @@ def create_app(async_engine: AsyncLLMEngine, model_name: str, *, api_key: str | 
     its prompts) exceeds the engine's `max_waiting` gets a 400: it could never be queued whole.
     metrics_prefixes: the /metrics names' prefixes (default both `tandem:` and vLLM's `vllm:`).
     strict: a request field the server does not know is a 400 (otherwise it is logged and ignored).
+    tool_parser: the tool-call format read from chat outputs (tandem.tools.parsers.TOOL_PARSERS).
+    enable_auto_tool_choice: False refuses tool_choice "auto" (and tools without a tool_choice)
+    with a 400, as vLLM does without --enable-auto-tool-choice; "required" and named functions
+    still work. reasoning_parser: split chat outputs into reasoning and content
+    (tandem.tools.reasoning.REASONING_PARSERS; None: no split). trust_request_chat_template:
+    accept a request's own `chat_template` (otherwise a 400, as in vLLM).
     """
+    from tandem.tools.parsers import get_tool_parser
+    from tandem.tools.reasoning import get_reasoning_parser
+
+    get_tool_parser(tool_parser)                  # an unknown name fails here, not on the first request
+    if reasoning_parser is not None:
+        get_reasoning_parser(reasoning_parser)
     config = ServerConfig(model_name=model_name, model_aliases=tuple(model_aliases), api_key=api_key,
                           max_request_bytes=max_request_bytes, max_tokens_limit=max_tokens_limit,
                           max_prompt_tokens=max_prompt_tokens, max_n=max_n, drain_timeout_s=drain_timeout_s,
-                          tool_parser=tool_parser, strict=strict)
+                          tool_parser=tool_parser, strict=strict, enable_auto_tool_choice=enable_auto_tool_choice,
+                          reasoning_parser=reasoning_parser,
+                          trust_request_chat_template=trust_request_chat_template)
     state = ServerState(engine=async_engine, config=config, metrics=ServerMetrics(async_engine.stats, model_name,
                                                                                          prefixes=metrics_prefixes),
                         token_texts=TokenTexts(async_engine.tokenizer), tools=tools, drain=Drain(drain_timeout_s))

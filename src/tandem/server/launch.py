@@ -80,12 +80,15 @@ def make_server(app: Any, *, host: str = "127.0.0.1", port: int = 8000, drain_ti
 def serve(engine: AsyncLLMEngine, model_name: str, *, host: str = "127.0.0.1", port: int = 8000,
           api_key: str | None = None, max_request_bytes: int = 2 * 2**20, max_tokens_limit: int = 4096,
           drain_timeout_s: float = 30.0, log_level: str = "info", out: TextIO = sys.stdout,
-          tools=None, metrics_prefixes: tuple[str, ...] = PREFIXES, strict: bool = False) -> None:
+          tools=None, metrics_prefixes: tuple[str, ...] = PREFIXES, strict: bool = False,
+          tool_parser: str = "hermes", enable_auto_tool_choice: bool = True, reasoning_parser: str | None = None,
+          trust_request_chat_template: bool = False) -> None:
     """Serve until SIGTERM / SIGINT, then drain and shut the engine down."""
     app = create_app(engine, model_name, api_key=api_key, max_request_bytes=max_request_bytes,
                      max_tokens_limit=max_tokens_limit, drain_timeout_s=drain_timeout_s,
                      on_shutdown=engine.shutdown, tools=tools, metrics_prefixes=metrics_prefixes,
-                     strict=strict)
+                     strict=strict, tool_parser=tool_parser, enable_auto_tool_choice=enable_auto_tool_choice,
+                     reasoning_parser=reasoning_parser, trust_request_chat_template=trust_request_chat_template)
     server = make_server(app, host=host, port=port, drain_timeout_s=drain_timeout_s, log_level=log_level)
     print(usage_banner(host, port, model_name, api_key), file=out, flush=True)
     try:

@@ -31,7 +31,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "media_io_kwargs": ({},), "mm_processor_kwargs": ({},), "mm_payload": (), "return_mm_kwargs": (False,),
     "prompt_embeds": (), "cache_salt": (), "kv_transfer_params": (), "ec_transfer_params": (),
     "vllm_xargs": ({},), "repetition_detection": (), "stream_interval": (1,), "thinking_token_budget": (),
-    "reasoning_effort": (), "include_reasoning": (True,), "add_special_tokens": (False,),
+    "reasoning_effort": (), "add_special_tokens": (False,),
     "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (), "verbosity": (),
     "functions": (), "function_call": (), "suffix": (),
 }
@@ -176,6 +176,18 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's chat templating fields
+    add_generation_prompt: bool = Field(default=True, description="end the prompt with the assistant's turn")
+    continue_final_message: bool = Field(
+        default=False, description="leave the last message open for the model to continue (no generation "
+                                   "prompt; add_generation_prompt: true as well is a 400)")
+    chat_template: str | None = Field(default=None, description="a Jinja chat template for this request "
+                                                                "(needs --trust-request-chat-template)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="more template variables, e.g. {\"enable_thinking\": false} for Qwen3")
+    documents: list[dict[str, str]] | None = Field(default=None, description="documents for RAG templates")
+    include_reasoning: bool = Field(default=True, description="false: leave the reasoning out of the response "
+                                                              "(with --reasoning-parser)")
 
 
 class CompletionRequest(SamplingFields):
@@ -224,6 +236,10 @@ class ChatResponseMessage(_Response):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
+    # With --reasoning-parser: the reasoning, under vLLM 0.32's name and under its older (and
+    # DeepSeek's) name `reasoning_content`, which many clients still read.
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChoice(_Response):
@@ -258,6 +274,8 @@ class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatStreamChoice(_Response):

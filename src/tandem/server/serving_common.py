@@ -46,6 +46,9 @@ class ServerConfig:
     drain_timeout_s: float = 30.0
     tool_parser: str = "hermes"
     strict: bool = False              # unknown request fields are 400s (otherwise logged once per name)
+    enable_auto_tool_choice: bool = True      # off: tool_choice "auto" (or tools with none given) is a 400
+    reasoning_parser: str | None = None       # tandem.tools.reasoning's name; None: no reasoning split
+    trust_request_chat_template: bool = False  # off: a request's own chat_template is a 400
 
 
 class Drain:
@@ -94,6 +97,11 @@ class ServerState:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        """The model's sampling defaults for fields a request omits (its generation_config.json)."""
+        return getattr(getattr(self.engine, "engine", None), "generation_defaults", None) or {}
 
 
 T = TypeVar("T")
@@ -234,7 +242,8 @@ def resolve_max_tokens(state: ServerState, requested: int | None, num_prompt_tok
         raise InvalidRequestError(f"the prompt has {num_prompt_tokens} tokens; the limit is {max_prompt} "
                                   f"(context length {context})", field=prompt_field)
     room = context - num_prompt_tokens
-    if requested is None:
+    if requested is None:   # the model's max_new_tokens (generation_config.json) first, as vLLM
+        default = state.generation_defaults.get("max_tokens", default)
         return max(1, min(limit, room, default or limit))
     if requested > limit:
         raise InvalidRequestError(f"{field_name}={requested} is over this server's limit of {limit}", field=field_name)
@@ -246,24 +255,32 @@ def resolve_max_tokens(state: ServerState, requested: int | None, num_prompt_tok
     return requested
 
 
-def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, n: int) -> list[SamplingParams]:
-    """One SamplingParams per choice; with a seed, choice i uses seed + i (distinct but reproducible)."""
+# Neutral values of the fields a model's generation_config.json may give defaults for.
+NEUTRAL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, n: int,
+                    defaults: dict[str, Any] | None = None) -> list[SamplingParams]:
+    """One SamplingParams per choice; with a seed, choice i uses seed + i (distinct but reproducible).
+    A field the request omits takes `defaults` (the model's generation_config.json, see
+    `ServerState.generation_defaults`), else its neutral value; the request's own value always wins."""
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > MAX_STOP_STRINGS:
         raise InvalidRequestError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}", field="stop")
-    top_k = -1 if req.top_k in (None, 0, -1) else req.top_k
+    base = {**NEUTRAL_SAMPLING, **{k: v for k, v in (defaults or {}).items() if k in NEUTRAL_SAMPLING}}
+    pick = {k: base[k] if getattr(req, k) is None else getattr(req, k) for k in NEUTRAL_SAMPLING}
+    top_k = -1 if pick["top_k"] in (0, -1) else pick["top_k"]
     structured = structured_outputs(req)
-    return [SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
-                           top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k,
+    return [SamplingParams(max_tokens=max_tokens, temperature=pick["temperature"], top_p=pick["top_p"], top_k=top_k,
                            seed=None if req.seed is None else req.seed + i, stop=list(stop),
                            stop_token_ids=list(req.stop_token_ids or []),
                            include_stop_str_in_output=req.include_stop_str_in_output,
                            skip_special_tokens=req.skip_special_tokens,
                            ignore_eos=req.ignore_eos, min_tokens=req.min_tokens or 0, logprobs=logprobs,
-                           presence_penalty=req.presence_penalty or 0.0,
-                           frequency_penalty=req.frequency_penalty or 0.0,
-                           repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-                           min_p=req.min_p or 0.0, logit_bias=req.logit_bias or None,
+                           presence_penalty=pick["presence_penalty"], frequency_penalty=pick["frequency_penalty"],
+                           repetition_penalty=pick["repetition_penalty"], min_p=pick["min_p"],
+                           logit_bias=req.logit_bias or None,
                            structured_outputs=structured)
             for i in range(n)]
 

@@ -90,7 +90,7 @@ def prepare_completion(state: ServerState, req: CompletionRequest) -> Completion
     for ids in prompts:
         max_tokens = resolve_max_tokens(state, req.max_tokens, len(ids), "max_tokens", "prompt",
                                         default=DEFAULT_MAX_TOKENS)
-        params += sampling_params(req, max_tokens, req.logprobs, req.n)
+        params += sampling_params(req, max_tokens, req.logprobs, req.n, state.generation_defaults)
     return CompletionJob(response_id("cmpl", req), int(time.time()), state.config.model_name,
                          [ids for ids in prompts for _ in range(req.n)], params, sum(len(p) for p in prompts),
                          req.logprobs, req.include_usage)

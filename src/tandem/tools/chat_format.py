@@ -23,6 +23,12 @@ _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _PROBE_NAME = "tandem_probe_tool_4f2a"
 _native_cache: dict[str, bool] = {}
+_variables_cache: dict[str, frozenset[str] | None] = {}
+_MAX_CACHED_TEMPLATES = 64
+# chat_template_kwargs keys refused (vLLM refuses the first two; the rest collide with what the
+# template is given) and keys the request's own fields set (those win, as in vLLM).
+RESERVED_TEMPLATE_KWARGS = frozenset({"chat_template", "tokenize", "messages", "conversation", "tools"})
+_SET_BY_RENDER = frozenset({"add_generation_prompt", "continue_final_message", "documents"})
 
 HERMES_SYSTEM = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -52,9 +58,10 @@ def select_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str
     return chosen, f"\n\nYou must call the function {name}."
 
 
-def template_renders_tools(hf_tokenizer: Any) -> bool:
-    """Whether the chat template writes the `tools` it is given into the prompt (probed once)."""
-    template = hf_tokenizer.chat_template
+def template_renders_tools(hf_tokenizer: Any, template: str | None = None) -> bool:
+    """Whether the chat template (the tokenizer's, or `template`) writes the `tools` it is given into
+    the prompt (probed once per template)."""
+    template = hf_tokenizer.chat_template if template is None else template
     if not isinstance(template, str):
         return False
     if template not in _native_cache:
@@ -62,21 +69,78 @@ def template_renders_tools(hf_tokenizer: Any) -> bool:
                                                     "parameters": {"type": "object", "properties": {}}}}]
         try:
             text = hf_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=probe,
-                                                    tokenize=False, add_generation_prompt=True)
-            _native_cache[template] = _PROBE_NAME in text
+                                                    tokenize=False, add_generation_prompt=True,
+                                                    chat_template=template)
+            renders = _PROBE_NAME in text
         except Exception:   # a template that chokes on tools does not render them
-            _native_cache[template] = False
+            renders = False
+        if len(_native_cache) >= _MAX_CACHED_TEMPLATES:     # request templates must not grow it forever
+            _native_cache.clear()
+        _native_cache[template] = renders
     return _native_cache[template]
 
 
+def template_variables(template: str) -> frozenset[str] | None:
+    """The variables `template` reads from its context (None if it cannot be parsed here)."""
+    if template not in _variables_cache:
+        try:
+            import jinja2.meta
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            env = _compile_jinja_template(template).environment     # transformers' own (its extensions)
+            found: frozenset[str] | None = frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
+        except Exception:   # jinja and transformers' private API: any failure means "unknown"
+            found = None
+        if len(_variables_cache) >= _MAX_CACHED_TEMPLATES:
+            _variables_cache.clear()
+        _variables_cache[template] = found
+    return _variables_cache[template]
+
+
+def template_kwargs(template: str, kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat_template_kwargs` as vLLM passes them on: only the variables the template reads (others
+    would do nothing); the keys render_chat sets itself are left out (the request's own fields win),
+    and `chat_template` / `tokenize` / the conversation and tools are refused (400 naming the key)."""
+    if not kwargs:
+        return {}
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            hint = " (use the request's chat_template field)" if key == "chat_template" else ""
+            raise InvalidRequestError(f"chat_template_kwargs may not set {key!r}{hint}",
+                                      field=f"chat_template_kwargs.{key}")
+    used = template_variables(template)
+    return {k: v for k, v in kwargs.items() if k not in _SET_BY_RENDER and (used is None or k in used)}
+
+
 def render_chat(hf_tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                tool_choice: str | dict[str, Any] | None = None, add_generation_prompt: bool = True) -> str:
+                tool_choice: str | dict[str, Any] | None = None, add_generation_prompt: bool = True, *,
+                continue_final_message: bool = False, chat_template: str | None = None,
+                chat_template_kwargs: dict[str, Any] | None = None,
+                documents: list[dict[str, str]] | None = None) -> str:
     """The prompt text (special tokens written by the template), ending with the assistant's turn
-    unless `add_generation_prompt` is False."""
-    if getattr(hf_tokenizer, "chat_template", None) is None:
+    unless `add_generation_prompt` is False.
+
+    vLLM's chat request fields: `continue_final_message` leaves the last message open for the model
+    to continue (no generation prompt then); `chat_template` replaces the tokenizer's template;
+    `chat_template_kwargs` are more template variables (e.g. Qwen3's `enable_thinking`; see
+    `template_kwargs`; a `documents` key there counts when the `documents` argument is None);
+    `documents` go to the template as `documents` (RAG templates read them)."""
+    if continue_final_message and add_generation_prompt:
+        raise InvalidRequestError("continue_final_message and add_generation_prompt cannot both be true",
+                                  field="continue_final_message")
+    template = chat_template if chat_template is not None else getattr(hf_tokenizer, "chat_template", None)
+    if template is None:
         raise InvalidRequestError("this model has no chat template; use /v1/completions", field="messages")
+    if chat_template is not None:
+        _check_template_syntax(chat_template)
+    extra_vars = template_kwargs(template, chat_template_kwargs) if isinstance(template, str) else {}
+    if documents is None and isinstance((chat_template_kwargs or {}).get("documents"), list):
+        documents = chat_template_kwargs["documents"]
+    if continue_final_message and not (messages and content_text(messages[-1].get("content"))):
+        raise InvalidRequestError("continue_final_message needs a last message with content to continue",
+                                  field="continue_final_message")
     shown, extra = select_tools(tools, tool_choice)
-    if template_renders_tools(hf_tokenizer):
+    if template_renders_tools(hf_tokenizer, chat_template):
         msgs = [_native_message(m, i) for i, m in enumerate(messages)]
         if extra:
             msgs = _with_system_text(msgs, extra.strip())
@@ -85,9 +149,27 @@ def render_chat(hf_tokenizer: Any, messages: list[dict[str, Any]], tools: list[d
         shown = None
     try:
         return hf_tokenizer.apply_chat_template(msgs, tools=shown, tokenize=False,
-                                                add_generation_prompt=add_generation_prompt)
+                                                add_generation_prompt=add_generation_prompt,
+                                                continue_final_message=continue_final_message,
+                                                chat_template=chat_template, documents=documents, **extra_vars)
     except Exception as e:   # jinja raises many kinds on messages it does not expect
-        raise InvalidRequestError(f"cannot apply the chat template: {e}", field="messages") from e
+        if continue_final_message and "continue_final_message" in str(e):
+            field = "continue_final_message"
+        else:
+            field = "chat_template" if chat_template is not None else "messages"
+        raise InvalidRequestError(f"cannot apply the chat template: {e}", field=field) from e
+
+
+def _check_template_syntax(template: str) -> None:
+    """A request's own template must compile (else 400 naming chat_template)."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:       # transformers' private API moved: apply_chat_template will say
+        return
+    try:
+        _compile_jinja_template(template)
+    except Exception as e:    # jinja's TemplateSyntaxError, and whatever else compiling raises
+        raise InvalidRequestError(f"chat_template does not compile: {e}", field="chat_template") from e
 
 
 def hermes_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

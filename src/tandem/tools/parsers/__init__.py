@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 def new_tool_call_id() -> str:
@@ -44,7 +44,11 @@ class ToolCallStream(Protocol):
 
 
 class ToolParser(Protocol):
-    """A tool-call text format (Hermes `<tool_call>` JSON, ...)."""
+    """A tool-call text format (Hermes `<tool_call>` JSON, ...).
+
+    `needs_special_tokens` (optional, default False): the format's markers are special tokens
+    (Mistral's `[TOOL_CALLS]`), so the chat path decodes tool requests with special tokens kept,
+    as vLLM does."""
 
     name: str
 
@@ -57,14 +61,34 @@ class ToolParser(Protocol):
         ...
 
 
-def get_tool_parser(name: str = "hermes") -> ToolParser:
-    """The parser registered under `name`."""
-    from tandem.tools.parsers.hermes import HermesToolParser
-
-    parsers: dict[str, type] = {"hermes": HermesToolParser}
-    if name not in parsers:
-        raise ValueError(f"unknown tool parser {name!r}; known: {sorted(parsers)}")
-    return parsers[name]()
+TOOL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3", "qwen3_coder")
+# vLLM's other names for these formats
+ALIASES = {"qwen3_json": "hermes", "qwen3_xml": "qwen3_coder", "llama4_json": "llama3_json",
+           "llama4_pythonic": "pythonic"}
 
 
-__all__ = ["ToolCall", "ToolCallStream", "ToolParser", "get_tool_parser", "new_tool_call_id"]
+def get_tool_parser(name: str = "hermes", tools: list[dict[str, Any]] | None = None) -> ToolParser:
+    """The parser registered under `name` (one of TOOL_PARSERS, or an alias in ALIASES), for a
+    request offering `tools` (OpenAI tool dicts; the parsers that read typed parameters use their
+    schemas)."""
+    name = ALIASES.get(name, name)
+    if name == "hermes":
+        from tandem.tools.parsers.hermes import HermesToolParser
+
+        return HermesToolParser()
+    if name == "llama3_json":
+        from tandem.tools.parsers.llama3_json import Llama3JsonToolParser as cls
+    elif name == "mistral":
+        from tandem.tools.parsers.mistral import MistralToolParser as cls
+    elif name == "pythonic":
+        from tandem.tools.parsers.pythonic import PythonicToolParser as cls
+    elif name == "qwen3":
+        from tandem.tools.parsers.qwen3 import Qwen3ToolParser as cls
+    elif name == "qwen3_coder":
+        from tandem.tools.parsers.qwen3_coder import Qwen3CoderToolParser as cls
+    else:
+        raise ValueError(f"unknown tool parser {name!r}; known: {list(TOOL_PARSERS) + list(ALIASES)}")
+    return cls(tools)
+
+
+__all__ = ["ALIASES", "TOOL_PARSERS", "ToolCall", "ToolCallStream", "ToolParser", "get_tool_parser", "new_tool_call_id"]
