@@ -82,10 +82,14 @@ class ModelRunner:
     def _sample_plain(self, result: StepResult, chosen: list, logits: torch.Tensor) -> None:
         if not chosen:
             return
-        idx = torch.tensor([o for _, o in chosen], dtype=torch.long, device=self.device)
+        offsets = [o for _, o in chosen]
         rows = [SampleRow(s.request_id, s.sampling_params, s.num_output_tokens, s.stop_token_ids, s.history)
                 for s, _ in chosen]
-        tokens, logprobs = self.sampler.sample(logits.index_select(0, idx), rows)
+        if offsets == list(range(offsets[0], offsets[0] + len(offsets))):
+            picked = logits[offsets[0]:offsets[0] + len(offsets)]      # consecutive rows: a view, no copy
+        else:
+            picked = logits.index_select(0, torch.tensor(offsets, dtype=torch.long, device=self.device))
+        tokens, logprobs = self.sampler.sample(picked, rows)
         for (s, _), tok, lp in zip(chosen, tokens, logprobs):
             result.sampled_token_ids[s.request_id] = [tok]
             if lp is not None:
