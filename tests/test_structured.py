@@ -243,3 +243,27 @@ def test_forced_parser_reads_calls_and_keeps_a_cut_output_as_content():
     content, calls = stream.flush()
     assert content == "" and calls[0].name == "f" and json.loads(calls[0].arguments) == {"q": "hi"}
     assert stream.num_calls == 1
+
+
+def test_the_bitmask_kernel_matches_the_tensor_path():
+    """csrc's mask_by_bits_ refuses exactly the tokens whose bit is clear (vocabularies that do and do
+    not fill the last 32-bit word; an all-ones row is left alone)."""
+    from tandem.runner.kernels import load_cpu_kernels
+    from tandem.runner.sampler import _unpack_bits
+
+    kernels = load_cpu_kernels()
+    if kernels is None:
+        pytest.skip("the CPU kernels did not build here")
+    g = torch.Generator().manual_seed(0)
+    for vocab in (49152, 1000, 37):
+        words = (vocab + 31) // 32
+        logits = torch.randn(5, vocab, generator=g)
+        bits = torch.randint(-2**31, 2**31 - 1, (3, words), generator=g, dtype=torch.int64).to(torch.int32)
+        bits[0] = -1
+        rows = torch.tensor([4, 0, 2])
+        want = logits.clone()
+        want[rows] = want[rows].masked_fill(~_unpack_bits(bits, vocab), float("-inf"))
+        got = logits.clone()
+        kernels.mask_by_bits_(got, rows, bits)
+        assert torch.equal(got, want), vocab
+        assert torch.isinf(got[2]).sum() > 0 and not torch.isinf(got[4]).any()

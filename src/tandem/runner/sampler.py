@@ -47,6 +47,7 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(self._seed(seed))
         self._request_generators: dict[str, torch.Generator] = {}
         self._fused = _fused_sampler(device)     # the compiled inverse-CDF draw of plain rows, or None
+        self._mask_kernel = _cpu_kernel(device, "mask_by_bits_")   # grammar bitmasks applied in place, or None
         self.grammar = None                      # a tandem.structured.grammar.GrammarBackend, if constrained
         self._matchers: dict[str, object] = {}   # request id -> its llguidance matcher
 
@@ -130,9 +131,12 @@ class Sampler:
         bits = torch.empty(len(constrained), words, dtype=torch.int32)
         for j, i in enumerate(constrained):
             self._matcher(rows[i]).unsafe_compute_mask_ptr(bits[j].data_ptr(), words * 4)
-        allowed = _unpack_bits(bits, vocab)
         idx = _index(constrained, logits.device)
         logits = logits.clone()
+        if self._mask_kernel is not None and logits.dtype == torch.float32 and logits.is_contiguous():
+            self._mask_kernel(logits, idx, bits)       # one pass per row, in place (csrc/cpu_ops.cpp)
+            return logits
+        allowed = _unpack_bits(bits, vocab)
         logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill(~allowed.to(logits.device), float("-inf")))
         return logits
 
@@ -233,12 +237,17 @@ class _EndNow:
 
 def _fused_sampler(device: torch.device):
     """The compiled `sample_rows` (csrc/cpu_ops.cpp) on CPU where the kernels built, else None."""
+    return _cpu_kernel(device, "sample_rows")
+
+
+def _cpu_kernel(device: torch.device, name: str):
+    """The compiled kernel `name` (csrc/cpu_ops.cpp) on CPU where the kernels built, else None."""
     if device.type != "cpu":
         return None
     from tandem.runner.kernels import load_cpu_kernels
 
     module = load_cpu_kernels()
-    return getattr(module, "sample_rows", None) if module is not None else None
+    return getattr(module, name, None) if module is not None else None
 
 
 def _temperature_only(p: SamplingParams, vocab: int) -> bool:
