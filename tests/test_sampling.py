@@ -275,3 +275,23 @@ def test_penalised_requests_decode_without_speculation(tiny_loopy):
     assert got[0].token_ids == ref.token_ids
     assert got[0].metrics.extra.get("spec", {}).get("num_draft_tokens", 0) == 0
     assert got[1].metrics.extra.get("spec", {}).get("num_draft_tokens", 0) > 0
+
+
+def test_output_kind_final_only_reports_the_end_alone(llm):
+    """"final_only" (what LLM.generate uses) reports one output, the finished one, equal to the last
+    cumulative output; an unknown kind is refused."""
+    from tandem.errors import InvalidRequestError
+
+    eng = llm.engine
+    seen: dict[str, list] = {}
+    for kind in ("cumulative", "final_only"):
+        eng.add_request(params=SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, output_kind=kind),
+                        prompt_token_ids=PROMPT, request_id=f"kind-{kind}")
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            seen.setdefault(out.request_id, []).append(out)
+    cumulative, final = seen["kind-cumulative"], seen["kind-final_only"]
+    assert len(cumulative) > 1 and len(final) == 1 and final[0].finished
+    assert final[0].token_ids == cumulative[-1].token_ids and final[0].text == cumulative[-1].text
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(output_kind="delta-ish")

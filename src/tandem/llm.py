@@ -256,7 +256,8 @@ class LLM:
 
     def _run(self, items: list[tuple[str | None, list[int] | None]], sampling_params, use_tqdm: bool,
              tool_options: ToolOptions | None = None) -> list[RequestOutput]:
-        params = _per_request(sampling_params, len(items), self.engine.generation_defaults)
+        params = [dataclasses.replace(p, output_kind="final_only")      # only the finished outputs are read
+                  for p in _per_request(sampling_params, len(items), self.engine.generation_defaults)]
         for (prompt, ids), p in zip(items, params):      # validate everything before queueing anything
             self.engine.validate(prompt, ids, p)
         order = [self.engine.add_request(prompt, p, prompt_token_ids=ids, tool_options=tool_options)
@@ -269,8 +270,8 @@ class LLM:
         try:
             while self.engine.has_unfinished_requests():
                 outs = self.engine.step()
-                if not outs:
-                    self.engine.wait_for_tools()
+                if not outs and not self.engine.scheduler.has_work():
+                    self.engine.wait_for_tools()        # only paused requests: wait for a tool, not spin
                 for out in outs:
                     if out.finished:
                         done[out.request_id] = out

@@ -39,6 +39,12 @@ class SamplingParams:
     allows, so the output matches it when it ends by EOS (a `max_tokens` cut can leave it unfinished).
     With speculation, drafts are cut where the grammar refuses them and every verification row is
     masked by it, so the output is what unspeculated decoding would give.
+
+    `output_kind` (vLLM's RequestOutputKind): "cumulative" (default) reports the whole output so
+    far every step that produced tokens; "final_only" reports only the finished output, so a
+    caller that reads only the end (`LLM.generate` sets it) does not pay for a copy of every token
+    and logprob list each step. (The server keeps "cumulative": its inter-token latency metrics
+    are taken from each step's output.)
     """
 
     max_tokens: int = 16
@@ -59,6 +65,7 @@ class SamplingParams:
     min_p: float = 0.0
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputs | None = None
+    output_kind: str = "cumulative"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -98,6 +105,8 @@ class SamplingParams:
             _check(not bad, "logit_bias", f"logit_bias values must be in [-100, 100], got {bad[:1]}")
         else:
             self.logit_bias = None
+        _check(self.output_kind in OUTPUT_KINDS, "output_kind",
+               f"output_kind must be one of {OUTPUT_KINDS}, got {self.output_kind!r}")
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputs),
                "structured_outputs", "structured_outputs must be a tandem.structured.StructuredOutputs")
         _check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64), "seed",
@@ -125,6 +134,9 @@ def _is_token_id(k) -> bool:
     if isinstance(k, int):
         return k >= 0
     return isinstance(k, str) and k.isdigit()       # JSON object keys arrive as strings
+
+
+OUTPUT_KINDS = ("cumulative", "final_only")
 
 
 def _check(ok: bool, field_name: str, message: str) -> None:

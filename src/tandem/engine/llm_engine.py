@@ -200,6 +200,8 @@ class LLMEngine:
         outputs, finished = [], []
         for u in updates:
             out = self._apply(u, result.logprobs.get(u.request.request_id))
+            if out is None:              # output_kind "final_only", not finished: nothing to report
+                continue
             outputs.append(out)
             if out.finished:
                 finished.append(u.request.request_id)
@@ -207,7 +209,7 @@ class LLMEngine:
             self.executor.release(finished)
         return outputs
 
-    def _apply(self, u: SeqUpdate, logprobs: list[TokenLogprob] | None) -> RequestOutput:
+    def _apply(self, u: SeqUpdate, logprobs: list[TokenLogprob] | None) -> RequestOutput | None:
         rid = u.request.request_id
         state = self._states[rid]
         state.token_ids.extend(u.new_token_ids)
@@ -230,6 +232,8 @@ class LLMEngine:
             del self._states[rid]
             if self.tools is not None:
                 self.tools.forget(rid)
+        elif u.request.sampling_params.output_kind == "final_only":
+            return None
         return self._output(state, finished, u.new_token_ids)
 
     def _finish(self, request, reason: FinishReason) -> None:
