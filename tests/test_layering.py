@@ -14,7 +14,7 @@ import tandem
 from tests.doubles import run_without_torch
 
 SRC = Path(tandem.__file__).resolve().parent
-POLICY_DIRS = ("sched", "kv")
+POLICY_DIRS = ("sched", "kv", "router")
 FORBIDDEN = re.compile(
     r"^\s*(?:import\s+torch\b|from\s+torch\b|import\s+time\b|from\s+time\s+import\b)"
     r"|\btime\.(?:time|monotonic|perf_counter)\(",
@@ -79,3 +79,13 @@ def test_policy_code_uses_no_torch_and_no_clock(path):
     """No file under tandem/sched or tandem/kv imports torch or reads the wall clock."""
     hits = [m.group(0).strip() for m in FORBIDDEN.finditer(path.read_text())]
     assert not hits, f"{path.name}: {hits}"
+
+
+NO_RAY = re.compile(r"^\s*(?:import\s+ray\b|from\s+ray\b)", re.MULTILINE)
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "router").rglob("*.py")), ids=lambda p: p.relative_to(SRC).as_posix())
+def test_router_is_pure(path):
+    """The routing policy (shared by the simulator and the Ray Serve router) imports neither ray nor torch."""
+    assert not NO_RAY.findall(path.read_text()), path.name
+    assert "tandem.sim" not in path.read_text() and "tandem.cluster" not in path.read_text(), path.name

@@ -1,6 +1,8 @@
 """`tandem simulate`: argument setup and commands (kept out of cli.py).
 
     tandem simulate --scenario faser|augserve|FILE [--json PATH] [--plots DIR] [--seed N] [--requests N]
+    tandem simulate --scenario cluster [--replicas 8,16,64] [--rate R | --load F] [--window S] [--requests SESSIONS_PER_REPLICA]
+                    [--workloads tools,chat] [--routers tandem,power_of_two,...] [--seed N] [--json PATH]
     tandem simulate calibrate [--json PATH] [--quick]       profile this engine on this machine
     tandem simulate speed [--requests N] [--rate R]           the simulator's own speed (events/s)
     tandem predictor train [--requests N] [--seed S] [--eval-seed E] --json PATH
@@ -38,6 +40,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     s.add_argument("--policies", default=None, help="augserve: scheduling policies to compare")
     s.add_argument("--predictor", default=None, metavar="PATH",
                    help="augserve: Stage I predictor state (`tandem predictor train`; default: train on seed + 1)")
+    s.add_argument("--replicas", default=None, help="cluster: replica counts, e.g. 8,16,64")
+    s.add_argument("--rate", type=float, default=None,
+                   help="cluster: new sessions/s PER REPLICA (default: --load x one replica's probed capacity)")
+    s.add_argument("--load", type=float, default=None, help="cluster: fraction of one replica's capacity (default 0.8)")
+    s.add_argument("--window", type=float, default=None, help="cluster: session arrival window in s (default 40)")
+    s.add_argument("--workloads", default=None, help="cluster: tools,chat")
+    s.add_argument("--routers", default=None, help="cluster: tandem,round_robin,power_of_two,prefix")
+    s.add_argument("--deployment", default=None, help="cluster: MODEL@HARDWARE (default llama2-13b@A100-80GB)")
     s.set_defaults(func=cmd_simulate)
     ssub = s.add_subparsers(dest="sim_command")
     c = ssub.add_parser("calibrate", help="profile this engine (default model, CPU) into a simulator profile")
@@ -103,10 +113,28 @@ def _run_scenario(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
             check(opts.predictor)
         res = run_augserve(opts, _log)
         return res, report.augserve_tables(res)
+    if name == "cluster":
+        from tandem.sim.scenarios.cluster import ClusterOptions, cluster_tables, run_cluster
+
+        opts = ClusterOptions()
+        for attr, value in (("sessions_per_replica", a.requests), ("seed", a.seed), ("rate", a.rate),
+                            ("load", a.load), ("window_s", a.window)):
+            if value is not None:
+                setattr(opts, attr, value)
+        if a.replicas:
+            opts.replicas = tuple(int(x) for x in a.replicas.split(","))
+        if a.workloads:
+            opts.workloads = tuple(a.workloads.split(","))
+        if a.routers:
+            opts.policies = tuple(a.routers.split(","))
+        if a.deployment:
+            opts.model, _, opts.hardware = a.deployment.partition("@")
+        res = run_cluster(opts, _log)
+        return res, cluster_tables(res)
     from tandem.sim.scenarios.file import run_file
 
     if not Path(name).is_file():
-        raise ValueError(f"unknown scenario {name!r}: faser, augserve, or a scenario JSON file")
+        raise ValueError(f"unknown scenario {name!r}: faser, augserve, cluster, or a scenario JSON file")
     res = run_file(name, _log, a.seed, a.requests)
     return res, report.file_tables(res)
 

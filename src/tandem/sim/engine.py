@@ -113,8 +113,7 @@ class SimEngine:
         if spec.prompt_tokens >= self.max_model_len:      # the engine rejects it (validate)
             rec.finish_reason, rec.finished_s = "rejected", now
             return []
-        params = SamplingParams(max_tokens=max(1, spec.output_tokens), temperature=0.0, ignore_eos=True)
-        request = Request(rid, prompt_token_ids(index, spec.prompt_tokens), params, arrival_time=now)
+        request = self._new_request(spec, index, now)
         if spec.has_tools:
             request.extra["tool_key"] = spec.kind
             self._cursors[rid] = ScriptCursor(spec.segments)
@@ -125,6 +124,11 @@ class SimEngine:
         if spec.abort_after_s is not None:
             out.append(event(now + spec.abort_after_s, ORDER_ABORT, lambda t, r=rid: self._on_abort(r, t)))
         return out
+
+    def _new_request(self, spec: SimRequest, index: int, now: float) -> Request:
+        """The engine's Request for an arrival (the cluster scenario gives prompts real prefixes)."""
+        params = SamplingParams(max_tokens=max(1, spec.output_tokens), temperature=0.0, ignore_eos=True)
+        return Request(spec.request_id, prompt_token_ids(index, spec.prompt_tokens), params, arrival_time=now)
 
     def _on_abort(self, rid: str, now: float) -> list[Event]:
         request = self._requests.get(rid)
