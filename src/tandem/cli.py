@@ -1,6 +1,6 @@
 """`tandem`: command-line entry point.
 
-    tandem serve [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--model PATH]
+    tandem serve [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--model PATH] [--replicas N]
     tandem generate "prompt" [--chat] [--max-tokens N] [--temperature T] [--model PATH]
     tandem model fetch [--model PATH]
     tandem bench offline [--concurrency 1,32] [--repeats 3] [--json PATH]
@@ -75,6 +75,23 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -
     sd.add_argument("--overlap", action="store_true",
                     help="draft frontier f+1 on another thread while frontier f is verified (needs --frontier-size)")
     sd.add_argument("--draft-threads", type=int, default=1, help="CPU threads the overlapped drafter gets")
+
+
+def _cluster_args(s: argparse.ArgumentParser) -> None:
+    """`tandem serve --replicas N`: N engines on Ray Serve (tandem.cluster; the `cluster` extra)."""
+    c = s.add_argument_group("scale out (Ray Serve; pip install 'tandem[cluster]')")
+    c.add_argument("--replicas", type=int, default=1,
+                   help="engines to run; 2 or more start Ray on this machine (or join --ray-address) and "
+                        "serve them behind one ingress and Tandem's router (default 1: no Ray)")
+    c.add_argument("--replica-cpus", type=float, default=None,
+                   help="CPUs each replica reserves, fractional allowed; torch gets that many threads "
+                        "(at least 1) (default: this machine's CPUs / --replicas)")
+    c.add_argument("--router-policy", default="tandem",
+                   help="tandem.router policy choosing the replica (default tandem: sessions, prefixes, "
+                        "tool pauses and load)")
+    c.add_argument("--routing-stats-period", type=float, default=1.0,
+                   help="seconds between each replica's routing-stats reports (default 1)")
+    c.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
 
 
 def _chat_args(s: argparse.ArgumentParser) -> None:
@@ -193,6 +210,14 @@ def _prefixes(text: str) -> tuple[str, ...]:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    if a.replicas < 1:
+        from tandem.errors import ConfigError
+
+        raise ConfigError(f"--replicas must be at least 1, got {a.replicas}")
+    if a.replicas >= 2:                # N engines on Ray Serve behind one ingress (tandem.cluster)
+        from tandem.cluster.launch import serve_cluster
+
+        return serve_cluster(a)
     from tandem.engine.async_engine import AsyncLLMEngine
     from tandem.server.launch import serve
 
@@ -267,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tools", default="", help="server-side built-in tools, e.g. calculator,retrieve")
     s.add_argument("--tools-module", default=None, help="a module whose register(registry) adds Python tools")
     s.add_argument("--tools-docs", default=None, help="folder of .txt/.md documents for the retrieve tool")
+    _cluster_args(s)
     _chat_args(s)
     _model_args(s, SERVE_BATCHED_TOKENS)
     s.set_defaults(func=cmd_serve)
