@@ -37,6 +37,14 @@ class SimRun:
         return out
 
 
+def timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
+    """(fn(*args), the wall seconds it took): how long the simulator itself ran (this module is the
+    one place that reads the wall clock; nothing inside the simulated world does)."""
+    wall = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - wall
+
+
 def simulate(cost: CostModel, cfg: SimConfig, requests: list[SimRequest], slo: SLO | None = None,
              on_plan: Callable[[float, StepPlan], None] | None = None) -> SimRun:
     """Run the workload on the modelled deployment; returns its figures, counters and speed."""

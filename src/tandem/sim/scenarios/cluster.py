@@ -18,7 +18,6 @@ SLO (per request): TTFT <= ttft_slo_s and TPOT <= tpot_factor x the unloaded dec
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +26,7 @@ from tandem.sim.build import SimConfig
 from tandem.sim.cluster import simulate_cluster
 from tandem.sim.cost import make_cost_model
 from tandem.sim.metrics import SLO
+from tandem.sim.run import timed
 from tandem.sim.scenarios.common import Log, default_scheduler, find_capacity, unloaded_step_s
 from tandem.sim.sessions import CHAT, build_sessions
 
@@ -59,10 +59,9 @@ def run_point(cost, cfg: SimConfig, workload: str, num_replicas: int, policy: st
               sessions_per_replica: int, seed: int, slo: SLO, weights: dict[str, float] | None = None) -> dict[str, Any]:
     """One run: `sessions_per_replica` x N sessions starting at `rate` x N per second."""
     sessions = build_sessions(workload, max(1, sessions_per_replica * num_replicas), rate * num_replicas, seed)
-    wall = time.perf_counter()
-    out = simulate_cluster(cost, cfg, sessions, num_replicas, Router(policy, weights, seed=seed), slo)
+    out, wall_s = timed(simulate_cluster, cost, cfg, sessions, num_replicas, Router(policy, weights, seed=seed), slo)
     out.pop("records")
-    out["wall_s"] = time.perf_counter() - wall
+    out["wall_s"] = wall_s
     out["per_replica"] = out.pop("replicas")
     out.update({"workload": workload, "replicas": num_replicas, "policy": policy, "rate_per_replica": rate,
                 "sessions": len(sessions)})
