@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -107,9 +108,13 @@ def load_cpu_kernels() -> ModuleType | None:
     from tandem.runner.device import cpu_info
 
     flags = " ".join(sorted(cpu_info().get("flags", "").split()))
-    key = hashlib.sha256(src + torch.__version__.encode() + flags.encode()).hexdigest()[:12]
+    # The sources' folder too: ninja's build file names them by path, so two checkouts sharing one
+    # build folder would rebuild it for each other on every start.
+    where = str(_SOURCES[0].parent.resolve()).encode()
+    key = hashlib.sha256(src + torch.__version__.encode() + flags.encode() + where).hexdigest()[:12]
     build = cache_dir() / "ext" / f"cpu_ops-{key}"
     build.mkdir(parents=True, exist_ok=True)
+    _clear_stale_lock(build / "lock")
     try:
         from torch.utils.cpp_extension import load
 
@@ -119,6 +124,22 @@ def load_cpu_kernels() -> ModuleType | None:
         log.warning("Tandem's CPU kernels could not be built (%s); using plain PyTorch ops", e)
         _module = None
     return _module
+
+
+STALE_LOCK_S = 900.0      # a build takes 1-3 minutes on 2 cores; a lock this old outlived its builder
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """torch's build lock (a file that other starts wait on until it is gone) is left behind when a
+    build is killed (Ctrl-C, a timeout, OOM); every later start would then wait forever. A lock older
+    than any build takes is removed."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        log.warning("removing a stale kernel build lock %s (%.0f s old: its build was killed)", lock, age)
+        lock.unlink(missing_ok=True)
 
 
 def make_ops(device: torch.device) -> TorchOps | CpuKernelOps:
