@@ -126,7 +126,30 @@ class ValueExtent:
 BodyParser = Callable[[str, bool], Any]
 
 
-class MarkerCallStream:
+class HeldWhitespace:
+    """The content rule the streams share: text outside calls is shown as it comes, except trailing
+    whitespace, held until more content follows (it may only separate calls), and whitespace right
+    after a call is dropped. Subclasses keep `_ws` and `_after_call`."""
+
+    _ws: str
+    _after_call: bool
+
+    def _emit(self, text: str, out: list[str]) -> None:
+        """Content outside calls: shown, except trailing whitespace, held until more content follows."""
+        if self._after_call:
+            text = text.lstrip()
+            if not text:
+                return
+            self._after_call = False
+        body = text.rstrip()
+        if body:
+            out.append(self._ws + body)
+            self._ws = text[len(body):]
+        else:
+            self._ws += text
+
+
+class MarkerCallStream(HeldWhitespace):
     """Content with tool calls, each starting at one of `markers`.
 
     `new_body(marker)` makes a body parser for one marker occurrence: called as `body(text, final)`
@@ -192,20 +215,6 @@ class MarkerCallStream:
             self._emit(self._buf[:len(self._buf) - keep], out)
             self._buf = self._buf[len(self._buf) - keep:]
             return
-
-    def _emit(self, text: str, out: list[str]) -> None:
-        """Content outside calls: shown, except trailing whitespace, held until more content follows."""
-        if self._after_call:
-            text = text.lstrip()
-            if not text:
-                return
-            self._after_call = False
-        body = text.rstrip()
-        if body:
-            out.append(self._ws + body)
-            self._ws = text[len(body):]
-        else:
-            self._ws += text
 
 
 class AnchoredCallStream:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers._stream import HeldWhitespace
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -46,7 +47,7 @@ def _partial_tag_len(text: str) -> int:
     return 0
 
 
-class HermesToolCallStream:
+class HermesToolCallStream(HeldWhitespace):
     """Incremental Hermes parser for one sequence (see the module docstring)."""
 
     def __init__(self) -> None:
@@ -101,20 +102,6 @@ class HermesToolCallStream:
         self._emit(self._buf[:len(self._buf) - keep], out)
         self._buf = self._buf[len(self._buf) - keep:]
         return False
-
-    def _emit(self, text: str, out: list[str]) -> None:
-        """Content outside calls: shown, except trailing whitespace, held until more content follows."""
-        if self._after_call:
-            text = text.lstrip()
-            if not text:
-                return
-            self._after_call = False
-        body = text.rstrip()
-        if body:
-            out.append(self._ws + body)
-            self._ws = text[len(body):]
-        else:
-            self._ws += text
 
 
 class HermesToolParser:
