@@ -125,6 +125,7 @@ def response_id(prefix: str, req: SamplingFields) -> str:
 
 
 _warned_fields: set[str] = set()
+MAX_WARNED_FIELDS = 1024          # names remembered for warn-once (clients choose them: keep it bounded)
 
 
 def check_request(state: ServerState, req: BaseModel) -> None:
@@ -143,7 +144,7 @@ def check_request(state: ServerState, req: BaseModel) -> None:
                                       field=name)
         if state.config.strict:
             raise InvalidRequestError(f"unknown field {path} (the server runs with --strict)", field=path)
-        if path not in _warned_fields:
+        if path not in _warned_fields and len(_warned_fields) < MAX_WARNED_FIELDS:
             _warned_fields.add(path)
             log.warning("ignoring request field %r: this server does not know it (--strict makes it a 400)", path)
 
