@@ -235,6 +235,8 @@ def test_augmented_trace_replays_tool_calls(peer, tmp_path):
     assert first["max_tokens"] == 3 and second["max_tokens"] == 2
     assert second["messages"][-1]["content"].startswith("Tool result:")
     assert second["messages"][-2]["role"] == "assistant"
+    # one session id for the whole chain (a cluster keeps it on one replica)
+    assert first["user"] == second["user"] and first["user"].startswith("tandem-bench-")
 
 
 def test_cli_runs_and_writes_json(peer, tmp_path, capsys):

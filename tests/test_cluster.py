@@ -274,3 +274,99 @@ def test_replica_killed_mid_run_survivor_completes_and_serve_restarts_it(cluster
     assert body["replicas_up"] == 2 and victim not in body["replicas"]
     print(f"\n[replica back {time.monotonic() - t_kill:.1f}s after the kill; "
           f"victim's next request -> HTTP {r.status_code} from {r.headers.get('x-tandem-replica')}]")
+
+
+# --- the ingress's retry rule, with a replica handle that dies on cue (no Ray cluster needed) --------
+class _DyingCall:
+    """One handle call's response stream: dies before its first message, or yields `items`."""
+
+    def __init__(self, items=None):
+        self.items, self.cancelled = list(items or []), False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        from ray.exceptions import RayActorError
+
+        if not self.items:
+            raise StopAsyncIteration
+        item = self.items.pop(0)
+        if item == "die":
+            raise RayActorError()
+        return item
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _Handle:
+    """Stands in for the replicas' DeploymentHandle: each `forward.remote` takes the next call."""
+
+    def __init__(self, calls):
+        self.calls, self.made = list(calls), []
+
+    def options(self, **_):
+        return self
+
+    @property
+    def forward(self):
+        return self
+
+    def remote(self, *args, **kwargs):
+        call = self.calls.pop(0)
+        self.made.append(call)
+        return call
+
+
+def _ingress(handle):
+    from tandem.cluster import deployments
+
+    # the class as written, under Serve's ASGI wrapper (whose async __init__ needs a replica)
+    cls = next(c for c in deployments.TandemIngress.__mro__ if "_forward" in c.__dict__)
+    ingress = object.__new__(cls)
+    cls.__init__(ingress, handle, 2, None)
+    return ingress
+
+
+def _post(ingress, body=b'{"messages": []}'):
+    from starlette.requests import Request
+
+    request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+                       "headers": [(b"content-type", b"application/json")]})
+    return asyncio.run(ingress._forward(request, None, body))
+
+
+@needs_ray
+def test_ingress_retries_once_when_a_replica_dies_before_answering():
+    ok = ResponseHead(200, [("content-type", "application/json")], b'{"id": "x"}')
+    handle = _Handle([_DyingCall(["die"]), _DyingCall([ok])])
+    resp = _post(_ingress(handle))
+    assert resp.status_code == 200 and resp.body == b'{"id": "x"}'
+    assert len(handle.made) == 2 and handle.made[0].cancelled     # the dead call was let go
+
+
+@needs_ray
+def test_ingress_gives_503_when_the_retry_dies_too():
+    handle = _Handle([_DyingCall(["die"]), _DyingCall(["die"])])
+    resp = _post(_ingress(handle))
+    assert resp.status_code == 503
+    err = json.loads(resp.body)["error"]
+    assert err["code"] == "replica_died" and "retried once" in err["message"]
+    assert len(handle.made) == 2                                  # never a third try
+
+
+@needs_ray
+def test_ingress_never_retries_a_stream_that_has_begun():
+    head = ResponseHead(200, [("content-type", "text/event-stream")], b'data: {"choices": []}\n\n', more=True)
+    handle = _Handle([_DyingCall([head, b'data: {"choices": [1]}\n\n', "die"])])
+    resp = _post(_ingress(handle))
+
+    async def drain():
+        return b"".join([chunk async for chunk in resp.body_iterator])
+
+    body = asyncio.run(drain()).decode()
+    events = [e for e in body.split("\n\n") if e]
+    assert events[:2] == ['data: {"choices": []}', 'data: {"choices": [1]}']
+    assert "replica_died" in events[-2] and events[-1] == "data: [DONE]"
+    assert len(handle.made) == 1

@@ -8,7 +8,8 @@ ITL is per chunk, as in vLLM's benchmark: a server that streams several tokens p
 decoding) shows fewer, longer gaps; TPOT, (E2E - TTFT) / (output tokens - 1), is per token.
 A tool-augmented item is replayed as a chain of calls: each segment's generation, then a sleep of
 the trace's tool time, then the tool's return (filler text of its length) appended to the
-conversation; TTFT is the first call's, ITL gaps stay within calls.
+conversation; TTFT is the first call's, ITL gaps stay within calls. Each call of a chain carries the
+OpenAI `user` field, one value per chain, so a cluster's router can keep the session on one replica.
 Failures (HTTP status, connection errors, error events, a stream that ends without `[DONE]` or a
 finish reason, a stream with no content at all) are recorded on the request, never raised.
 Knows nothing of arrivals or statistics.
@@ -96,10 +97,13 @@ class RequestRecord:
         return d
 
 
-def request_body(target: Target, conversation: list[dict[str, Any]] | str, max_tokens: int) -> dict[str, Any]:
+def request_body(target: Target, conversation: list[dict[str, Any]] | str, max_tokens: int,
+                 user: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"model": target.model, "max_tokens": max_tokens,
                             "temperature": target.temperature, "stream": True,
                             "stream_options": {"include_usage": True}}
+    if user is not None:
+        body["user"] = user
     body["messages" if target.endpoint == "chat" else "prompt"] = conversation
     if target.ignore_eos:
         body["ignore_eos"] = True
@@ -180,9 +184,10 @@ async def run_item(client: httpx.AsyncClient, target: Target, item: WorkItem, in
     conversation: list[dict[str, Any]] | str = list(item.messages) if chat else item.prompt
     segments = item.augmented.segments if item.augmented else [None]
     rng = random.Random(seed * 1_000_003 + index)
+    user = f"tandem-bench-{seed}-{index}" if item.augmented else None
     for k, seg in enumerate(segments):
         cap = seg.completion_tokens if seg is not None else expected
-        res = await stream_once(client, target, request_body(target, conversation, cap))
+        res = await stream_once(client, target, request_body(target, conversation, cap, user))
         _absorb(rec, res, first=k == 0)
         if not res.ok:
             return _finish(rec, sent, success=False)
