@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from tandem.bench.common import (machine_info, matmul_tflops, median, memory_bandwidth_gbs, peak_rss_mb,
                                  write_json)
 from tandem.sampling_params import SamplingParams
@@ -47,6 +49,30 @@ def weight_bytes(model) -> int:
     return elt * (arch.num_layers * per_layer + arch.vocab_size * arch.hidden_size)
 
 
+def weight_memory(model) -> dict[str, float]:
+    """The model's parameter count and the bytes its weights hold in memory, in every layout kept
+    (plain tensors, prepacked panels, oneDNN's layout, GGUF blocks), each tensor counted once."""
+    from tandem.models.llama import Linear
+
+    tensors, params = {}, model.embed.numel()
+    for name, p in model.named_parameters():
+        if p.numel():
+            tensors[p.data_ptr()] = p.numel() * p.element_size()
+        if p.dim() == 1 or name.endswith("bias"):                 # norms and biases (the embedding: above)
+            params += p.numel()
+    for m in model.modules():
+        if not isinstance(m, Linear):
+            continue
+        if m is not model.lm_head or model.lm_head.weight is not model.embed:
+            params += m.out_features * m.in_features
+        held = [m._packed, m._panels, m._panels_bf16, m.quant.data if m.quant is not None else None]
+        for t in held:
+            if isinstance(t, torch.Tensor) and t.numel():
+                tensors[t.data_ptr()] = t.numel() * t.element_size()
+    resident = sum(tensors.values())
+    return {"parameters": params, "weight_resident_bytes": resident, "bytes_per_parameter": resident / params}
+
+
 def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str | None = None,
                   max_tokens: int | None = None, json_path: str | None = None, log=print) -> dict[str, Any]:
     items = load_prompt_set(dataset)
@@ -68,6 +94,9 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
             log(f"  repeat {r + 1}/{repeats} C={c}: {res['output_tok_s']:.1f} tok/s, "
                 f"decode step {res['decode_step_ms'] or float('nan'):.1f} ms")
     engine_rss = peak_rss_mb()           # before the probes below allocate their own buffers
+    memory = weight_memory(model)
+    log(f"peak RSS {engine_rss:.0f} MB; {memory['parameters'] / 1e6:.1f} M parameters held in "
+        f"{memory['weight_resident_bytes'] / 1e6:.0f} MB ({memory['bytes_per_parameter']:.2f} bytes per parameter)")
     bw = memory_bandwidth_gbs()
     tflops = matmul_tflops(dtype=model.dtype)
     log(f"memory read bandwidth {bw:.1f} GB/s, dense matmul {tflops * 1e3:.0f} GFLOP/s; "
@@ -86,6 +115,6 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
                         "roofline_fraction": roofline_ms / step_ms if step_ms else None, "runs": runs})
     data = {"bench": "offline", "dataset": dataset or "prompts", "dtype": str(model.dtype),
             "machine": machine_info(), "bandwidth_gbs": bw, "matmul_tflops": tflops, "weight_bytes": wbytes,
-            "peak_rss_mb": engine_rss, "results": summary}
+            "peak_rss_mb": engine_rss, **memory, "results": summary}
     write_json(json_path, data)
     return data
