@@ -21,7 +21,7 @@ import time
 
 
 def build(engine: str, model: str, dtype: str, max_model_len: int, vllm_memory_fraction: float,
-          ngram: bool = False, ignore_eos: bool = True):
+          ngram: bool = False, ignore_eos: bool = True, quantization: str = "auto"):
     """A function running a batch of (ids, max_tokens, temperature) at once; returns output tokens."""
     if engine == "vllm":
         from vllm import LLM, SamplingParams, TokensPrompt
@@ -41,7 +41,7 @@ def build(engine: str, model: str, dtype: str, max_model_len: int, vllm_memory_f
     from tandem import LLM, SamplingParams
 
     llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, progress=False,
-              speculative="ngram" if ngram else None)
+              speculative="ngram" if ngram else None, quantization=quantization)
 
     def run(reqs, temperature):
         params = [SamplingParams(temperature=temperature, max_tokens=r["max_tokens"], ignore_eos=ignore_eos)
@@ -65,11 +65,13 @@ def main() -> None:
     ap.add_argument("--stop-at-eos", action="store_true", help="end requests at EOS (default: ignore_eos)")
     ap.add_argument("--ngram", action="store_true", help="n-gram speculation (vLLM: prompt lookup, k=4)")
     ap.add_argument("--json", required=True)
+    ap.add_argument("--quantization", default="auto", help="Tandem only: auto | gguf | gguf-float | none")
     ap.add_argument("--vllm-memory-fraction", type=float, default=0.5,
                     help="vLLM's gpu_memory_utilization: on CPU, the share of NUMA node 0's memory it reserves")
     a = ap.parse_args()
     reqs = json.load(open(a.requests))
-    batch = build(a.engine, a.model, a.dtype, a.max_model_len, a.vllm_memory_fraction, a.ngram, not a.stop_at_eos)
+    batch = build(a.engine, a.model, a.dtype, a.max_model_len, a.vllm_memory_fraction, a.ngram, not a.stop_at_eos,
+                  a.quantization)
     temperatures = [float(t) for t in str(a.temperature).split(",")]
     if len(temperatures) > 1 and "{t}" not in a.json:
         raise SystemExit("with several temperatures, --json must contain {t}")
@@ -77,6 +79,7 @@ def main() -> None:
     for temperature in temperatures:
         data = {"engine": a.engine, "temperature": temperature, "num_requests": len(reqs), "dtype": a.dtype,
                 "ngram": a.ngram, "ignore_eos": not a.stop_at_eos,
+                "quantization": a.quantization if a.engine == "tandem" else None,
                 "machine": platform.processor() or platform.machine(),
                 "env": {k: os.environ[k] for k in ("LD_PRELOAD", "VLLM_CPU_NUM_OF_RESERVED_CPU") if k in os.environ}}
         for mode in a.modes.split(","):

@@ -40,6 +40,8 @@ def test_bad_sampling_params(kwargs, field):
     (lambda llm: llm.generate(prompt_token_ids=[[1, 2, 10**6]]), "prompt_token_ids"),
     (lambda llm: llm.generate(prompt_token_ids=[[1, -3]]), "prompt_token_ids"),
     (lambda llm: llm.generate(prompt_token_ids=[list(range(1, 70))]), "prompt"),
+    (lambda llm: llm.generate([{"prompt": "a", "prompt_token_ids": [1]}]), "prompts"),
+    (lambda llm: llm.generate({"prompt_ids": [1, 2]}), "prompts"),
     (lambda llm: llm.generate(["a", "b"], [SamplingParams()]), "sampling_params"),
     (lambda llm: llm.chat([], SamplingParams()), "messages"),
 ])
@@ -48,6 +50,15 @@ def test_bad_requests_leave_the_engine_usable(llm, call, field):
         call(llm)
     assert e.value.field == field
     still_works(llm)
+
+
+def test_vllm_prompt_dicts_are_accepted(llm):
+    """vLLM's TextPrompt / TokensPrompt dicts, alone or in a list, give what the plain forms give."""
+    params = SamplingParams(max_tokens=4, temperature=0)
+    by_ids = llm.generate(prompt_token_ids=[[4, 5, 6]], sampling_params=params)[0].token_ids
+    assert llm.generate({"prompt_token_ids": [4, 5, 6]}, params)[0].token_ids == by_ids
+    both = llm.generate([{"prompt": "hello"}, {"prompt_token_ids": [4, 5, 6]}], params)
+    assert both[0].token_ids == llm.generate("hello", params)[0].token_ids and both[1].token_ids == by_ids
 
 
 def test_one_bad_prompt_in_a_batch_queues_nothing(llm):

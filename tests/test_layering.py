@@ -1,11 +1,15 @@
 """Architecture seams: the scheduler and the KV bookkeeping are plain Python (the simulator's path).
 
 They must import and run with torch unavailable, and must not read a clock (time is passed in as `now`).
+Tandem's packages (and top-level modules) import each other without cycles: every import counts,
+lazy ones inside functions too.
 """
 
 from __future__ import annotations
 
+import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -89,3 +93,120 @@ def test_router_is_pure(path):
     """The routing policy (shared by the simulator and the Ray Serve router) imports neither ray nor torch."""
     assert not NO_RAY.findall(path.read_text()), path.name
     assert "tandem.sim" not in path.read_text() and "tandem.cluster" not in path.read_text(), path.name
+
+
+# --- No import cycles between tandem's packages -------------------------------------------------
+# A unit is a subpackage (tandem.sched, tandem.bench, ...) or a top-level module (tandem.config,
+# tandem.cli, ...); "tandem" is the root package's __init__. Every `import` / `from ... import` of a
+# tandem module counts wherever it sits (module level, inside a function, under a condition): a
+# lazy import is still a dependency, and hiding one inside a function is how cycles crept in.
+
+
+def _module_name(path: Path, src: Path) -> str:
+    parts = ("tandem", *path.relative_to(src).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _unit(module: str) -> str:
+    """The unit a dotted tandem module belongs to: tandem.sched.policies -> sched; tandem -> tandem."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "tandem"
+
+
+def tandem_imports(source: str, module: str, is_package: bool, src: Path) -> Iterator[tuple[str, int]]:
+    """(imported tandem module, line) for every import in `source`, the text of `module`."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:                                  # relative: from . / from ..x import y
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            names = [base]
+            if base == "tandem":                            # from tandem import sched, __version__
+                names = [f"tandem.{a.name}" if ((src / a.name).is_dir() or (src / f"{a.name}.py").is_file())
+                         else "tandem" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name == "tandem" or name.startswith("tandem."):
+                yield name, node.lineno
+
+
+def import_graph(src: Path = SRC) -> dict[str, dict[str, list[str]]]:
+    """{importer unit: {imported unit: ["file:line (module)", ...]}}, imports within a unit left out."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(src.rglob("*.py")):
+        module = _module_name(path, src)
+        here = _unit(module)
+        for name, line in tandem_imports(path.read_text(), module, path.name == "__init__.py", src):
+            there = _unit(name)
+            if there != here:
+                graph.setdefault(here, {}).setdefault(there, []).append(
+                    f"{path.relative_to(src).as_posix()}:{line} ({name})")
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """Every elementary cycle, each as its units in order starting from its smallest name."""
+    cycles: list[list[str]] = []
+
+    def walk(start: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(path[-1], {})):
+            if nxt == start:
+                cycles.append(list(path))
+            elif nxt > start and nxt not in path:
+                walk(start, path + [nxt])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return cycles
+
+
+def describe_cycles(graph: dict[str, dict[str, list[str]]], cycles: list[list[str]]) -> str:
+    lines = [f"{len(cycles)} import cycle(s) between tandem's packages (lazy imports count):"]
+    for cycle in cycles:
+        lines.append("  " + " -> ".join(cycle + cycle[:1]))
+        for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+            sites = graph[a][b]
+            more = f", ... ({len(sites)} in all)" if len(sites) > 3 else ""
+            lines.append(f"      {a} -> {b}: " + ", ".join(sites[:3]) + more)
+    return "\n".join(lines)
+
+
+def test_import_graph_sees_every_form_of_import(tmp_path):
+    """The graph is not vacuous: module-level, lazy, `from tandem import X`, aliased and relative
+    imports all make edges; imports inside one package and of other projects do not."""
+    pkg = tmp_path / "tandem"
+    for d in ("a", "b", "c", "d", "e"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "top.py").write_text("")
+    (pkg / "a" / "x.py").write_text("import tandem.b.y\nfrom tandem.a import z\nimport torch\n")
+    (pkg / "b" / "y.py").write_text("def f():\n    if True:\n        from tandem.c.w import g\n")
+    (pkg / "c" / "w.py").write_text("from tandem import a, top, __version__\nfrom .. import d\n")
+    (pkg / "d" / "__init__.py").write_text("from ..e import thing\nimport tandem.top as t\n")
+    (pkg / "e" / "__init__.py").write_text("from . import inner\n")
+    graph = import_graph(pkg)
+    assert {u: sorted(v) for u, v in graph.items()} == {
+        "a": ["b"], "b": ["c"], "c": ["a", "d", "tandem", "top"], "d": ["e", "top"]}
+    assert graph["b"]["c"] == ["b/y.py:3 (tandem.c.w)"]
+    assert find_cycles(graph) == [["a", "b", "c"]]
+    text = describe_cycles(graph, find_cycles(graph))
+    assert "a -> b -> c -> a" in text and "c -> a: c/w.py:1 (tandem.a)" in text
+
+
+def test_find_cycles_names_each_cycle_once():
+    graph = {"a": {"b": ["1"]}, "b": {"a": ["2"], "c": ["3"]}, "c": {"a": ["4"]}, "d": {"a": ["5"]}}
+    assert find_cycles(graph) == [["a", "b"], ["a", "b", "c"]]
+    assert find_cycles({"a": {"b": ["1"]}, "b": {"c": ["2"]}}) == []
+
+
+def test_no_import_cycles_between_packages():
+    """tandem's packages form a DAG: each cycle is named with the import lines that close it."""
+    graph = import_graph()
+    assert {"sched", "kv", "runner", "models", "spec", "sim", "bench", "config"} <= set(graph)
+    cycles = find_cycles(graph)
+    assert not cycles, describe_cycles(graph, cycles)

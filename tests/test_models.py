@@ -12,7 +12,7 @@ from tandem.config import SchedulerConfig
 from tandem.engine.llm_engine import LLMEngine
 from tandem.kv import KVCacheManager
 from tandem.models.loader import load_model
-from tandem.runner.model_runner import ModelRunner
+from tandem.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
 from tandem.types import StepPlan, StepResult

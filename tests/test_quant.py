@@ -1,6 +1,7 @@
-"""Weight-only quantized linear layers on GGUF blocks (Q4_1, Q8_0): the kernel against a NumPy
-reference of the format, the layer's choice between the quantized and the float path, and the
-default model served from its own GGUF blocks."""
+"""Quantized linear layers on GGUF blocks (Q4_1, Q8_0): the weight-only kernels against a NumPy
+reference of the format, the Q4_1 x 8-bit-activation kernel against llama.cpp's Q8_1 arithmetic,
+the layer's choice between the quantized and the float paths, and the default model served from
+its own GGUF blocks."""
 
 from __future__ import annotations
 
@@ -116,6 +117,83 @@ def test_linear_uses_the_quantized_kernel_up_to_max_rows():
     assert torch.allclose(lin(x8), x8 @ (torch.from_numpy(w) + 1.0).T, atol=1e-4)    # dense
 
 
+i8_quant = pytest.mark.skipif(kernels is None or not kernels.i8_linear_available(),
+                              reason="no AVX2 + FMA + F16C here")
+
+
+def q8_1_reference(raw: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """llama.cpp's Q4_1 x Q8_1 product: x rounded per block of 32 (scale max|x| / 127, ties to
+    even), integer dot products with the 4-bit q, then d dx sum(q qx) + m dx sum(qx), in float64."""
+    n, k = raw.shape[0], x.shape[1]
+    nb = k // 32
+    blk = raw.reshape(n, nb, 20)
+    d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    m = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    q = np.concatenate([blk[:, :, 4:] & 0x0F, blk[:, :, 4:] >> 4], axis=2).astype(np.int64)   # [n, nb, 32]
+    xb = x.reshape(x.shape[0], nb, 32).astype(np.float32)
+    amax = np.abs(xb).max(axis=2)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    qx = np.rint(xb * inv[..., None]).astype(np.int64)                                          # [rows, nb, 32]
+    dx = (amax / np.float32(127)).astype(np.float32).astype(np.float64)
+    dots = np.einsum("rbk,nbk->rnb", qx, q).astype(np.float64)
+    y = (dots * d[None] * dx[:, None, :]).sum(2) + (m[None] * (dx * qx.sum(2))[:, None, :]).sum(2)
+    return y + (0 if bias is None else bias.astype(np.float64))
+
+
+@i8_quant
+@pytest.mark.parametrize("n, k", [(80, 192), (8, 32), (37, 1536)])      # 37: a partial 8-row group
+@pytest.mark.parametrize("rows", [1, 3, 4, 17, 100])                    # 100: past a 96-row chunk
+def test_quant_linear_i8_is_llama_cpp_q4_1_times_q8_1(n, k, rows):
+    rng = np.random.default_rng(n + k + rows)
+    raw, w = q4_1_blocks(rng, n, k)
+    packed = kernels.quant_pack_i8(torch.from_numpy(raw), n, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.linspace(0.1, 8, rows)[:, None]
+    x[0, :32] = 0.0                                                      # an all-zero block rounds to zeros
+    bias = torch.randn(n)
+    want = q8_1_reference(raw, x.numpy(), bias.numpy())
+    got = kernels.quant_linear_i8(x, packed, bias, n)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    assert np.allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
+    assert np.allclose(kernels.quant_linear_i8(x, packed, None, n).double().numpy(), want - bias.double().numpy(),
+                       rtol=1e-5, atol=1e-4 * np.abs(want).max())
+    # against the exact float product: only the rounding of x to 8 bits per block
+    exact = x.double().numpy() @ w.astype(np.float64).T + bias.double().numpy()
+    assert np.linalg.norm(got.double().numpy() - exact) < 0.02 * np.linalg.norm(exact)
+
+
+@i8_quant
+def test_quant_linear_i8_rejects_bad_shapes_with_a_clear_error():
+    raw, _ = q4_1_blocks(np.random.default_rng(0), 8, 64)
+    with pytest.raises(RuntimeError, match="Q4_1 blocks"):
+        kernels.quant_pack_i8(torch.from_numpy(raw), 8, 96)
+    packed = kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64)
+    with pytest.raises(RuntimeError, match="records"):
+        kernels.quant_linear_i8(torch.randn(2, 96), packed, None, 8)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.quant_linear_i8(torch.randn(2, 64).double(), packed, None, 8)
+    with pytest.raises(RuntimeError, match="bias"):
+        kernels.quant_linear_i8(torch.randn(2, 64), packed, torch.randn(5), 8)
+
+
+@i8_quant
+def test_linear_uses_int8_then_weight_only_then_dense_by_row_count():
+    from tandem.models.llama import Linear
+    from tandem.models.quant import QuantWeight
+    from tandem.runner.kernels import CpuKernelOps
+
+    raw, w = q4_1_blocks(np.random.default_rng(6), 64, 128)
+    lin = Linear(64, 128, False, torch.float32)
+    lin.weight.data = torch.from_numpy(w) + 1.0          # a different dense weight tells the paths apart
+    data = torch.from_numpy(raw)
+    lin.quant = QuantWeight(data, 0, 128, max_rows=4, i8=kernels.quant_pack_i8(data, 64, 128), i8_max_rows=2)
+    lin.quant_ops = CpuKernelOps(kernels)
+    x2, x4, x8 = torch.randn(2, 128), torch.randn(4, 128), torch.randn(8, 128)
+    assert torch.allclose(lin(x2), torch.from_numpy(q8_1_reference(raw, x2.numpy(), None)).float(), atol=1e-4)
+    assert torch.allclose(lin(x4), x4 @ torch.from_numpy(w).T, atol=1e-4)                # weight-only, float x
+    assert torch.allclose(lin(x8), x8 @ (torch.from_numpy(w) + 1.0).T, atol=1e-4)        # dense
+
+
 @pytest.mark.slow
 @needs_kernels
 def test_default_model_on_its_gguf_blocks_equals_the_float_model(default_model_dir):
@@ -125,7 +203,7 @@ def test_default_model_on_its_gguf_blocks_equals_the_float_model(default_model_d
     from tandem.models.llama import Linear
     from tandem.workload.prompts import load_prompt_set
 
-    quant = LLM(dtype="float32", progress=False, quantization="gguf")
+    quant = LLM(dtype="float32", progress=False, quantization="gguf-float")
     dense = LLM(dtype="float32", progress=False, quantization="none")
     layers = [m for m in quant.engine.executor.model.modules() if isinstance(m, Linear)]
     assert all(m.quant is not None for m in layers)

@@ -7,6 +7,12 @@ from dataclasses import dataclass
 
 from tandem.errors import ConfigError
 
+# Weight modes (tandem.llm.attach_quantized): auto, llama.cpp's GGUF arithmetic, GGUF blocks with
+# float activations, float weights only.
+QUANTIZATIONS = ("auto", "gguf", "gguf-float", "none")
+# The scheduling policies tandem.sched.policies builds by name (its docstring says what each does).
+POLICY_NAMES = ("fcfs", "fcfs-discard", "infercept", "augserve-stage1", "augserve-stage2", "augserve")
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -34,7 +40,6 @@ class SchedulerConfig:
             raise ConfigError(f"ttft_guard_s must be > 0, got {self.ttft_guard_s}")
         if not 0.0 <= self.watermark < 1.0:
             raise ConfigError(f"watermark must be in [0, 1), got {self.watermark}")
-        from tandem.sched.policies import POLICY_NAMES
         if self.policy not in POLICY_NAMES:
             raise ConfigError(f"unknown scheduling policy {self.policy!r}; known: {', '.join(POLICY_NAMES)}")
 
@@ -67,16 +72,18 @@ class ModelConfig:
     max_model_len: int | None = None    # None: the model's own context length (capped, see engine)
     seed: int = 0
     num_threads: int | None = None      # CPU threads for torch (None: all cores)
-    # auto: a model converted from a GGUF keeps its Q4_1 / Q8_0 blocks for small steps on CPU
-    # (tandem.models.quant); gguf: the same, and an error where it cannot; none: float weights only.
+    # QUANTIZATIONS: gguf keeps a GGUF model's Q4_1 / Q8_0 blocks on CPU with llama.cpp's arithmetic
+    # (Q4_1 layers take activations rounded to 8 bits per block), gguf-float keeps them with float
+    # activations (the float32 function), both an error where they cannot; auto is gguf where it can
+    # be, float weights elsewhere; none is float weights only (tandem.llm.attach_quantized).
     quantization: str = "auto"
     # Sampling defaults for requests that omit a field: auto: the model's generation_config.json;
     # vllm: none (neutral); else a folder holding a generation_config.json (tandem.models.generation_config).
     generation_config: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.quantization not in ("auto", "gguf", "none"):
-            raise ConfigError(f"unknown quantization {self.quantization!r} (auto, gguf or none)")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"unknown quantization {self.quantization!r} ({', '.join(QUANTIZATIONS)})")
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise ConfigError(f"generation_config must be auto, vllm or a folder, got {self.generation_config!r}")
         if self.dtype not in ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float"):

@@ -24,7 +24,7 @@ from tandem.models.loader import load_arch, load_model
 from tandem.outputs import RequestOutput
 from tandem.runner.attention import PagedKVCache
 from tandem.runner.device import available_memory_bytes, resolve_device, resolve_dtype, resolve_kv_dtype
-from tandem.runner.model_runner import ModelRunner
+from tandem.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.policies import make_policy
@@ -124,9 +124,18 @@ def _has_paged_kernel(device: torch.device) -> bool:
     return load_cpu_kernels() is not None
 
 
+# What quantization="auto" does with a model converted from a GGUF: llama.cpp's arithmetic, as
+# llama.cpp and vLLM's GGUF kernels run such a file (Q4_1 layers take activations rounded to 8 bits
+# per block). On the default model it costs 0.7% perplexity against float activations and is within
+# 0.2% of llama.cpp's own; "gguf-float" keeps the float32 function (docs/benchmarks.md, "Quantized weights").
+AUTO_GGUF = "gguf"
+
+
 def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
-    """Give a GGUF-converted model its quantized blocks for small steps (see tandem.models.quant);
-    returns a description for the log. `mode` "gguf" insists, "auto" does it where it can."""
+    """Give a GGUF-converted model its quantized blocks (see tandem.models.quant); returns a
+    description for the log. "gguf" (llama.cpp's arithmetic: Q4_1 layers take x rounded to 8 bits
+    per block) and "gguf-float" (float activations: the float32 function up to summation order)
+    insist; "auto" is AUTO_GGUF where it can be done, float weights elsewhere."""
     if mode == "none":
         return "float"
     from tandem.models.quant import attach_gguf, choose_max_rows, gguf_source
@@ -143,12 +152,29 @@ def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
     else:
         why = None
     if why is not None:
-        if mode == "gguf":
-            raise ConfigError(f"quantization 'gguf': {why}")
+        if mode != "auto":
+            raise ConfigError(f"quantization {mode!r}: {why}")
         return "float"
-    n = attach_gguf(model, source, ops)
+    activations = "int8" if (AUTO_GGUF if mode == "auto" else mode) == "gguf" else "float"
+    n = attach_gguf(model, source, ops, activations)
     rows = choose_max_rows(model)
-    return f"float + {n} GGUF-quantized layers (quantized kernel up to {min(rows.values(), default=0)} rows)"
+    i8 = sum(1 for m in model.modules() if getattr(getattr(m, "quant", None), "i8_max_rows", 0))
+    return (f"float + {n} GGUF-quantized layers (quantized kernel up to {min(rows.values(), default=0)} rows"
+            + (f"; {i8} with 8-bit activations" if i8 else "") + ")")
+
+
+def _prompt_item(p: Any) -> tuple[str | None, list[int] | None]:
+    """One prompt of `generate`: a string, or vLLM's dict forms {"prompt": text} (TextPrompt) and
+    {"prompt_token_ids": [...]} (TokensPrompt)."""
+    if isinstance(p, dict):
+        unknown = set(p) - {"prompt", "prompt_token_ids"}
+        if unknown or len(p) != 1:
+            raise InvalidRequestError("a prompt dict holds exactly one of 'prompt' or 'prompt_token_ids'"
+                                      + (f" (got {sorted(p)})" if p else ""), field="prompts")
+        if "prompt_token_ids" in p:
+            return None, list(p["prompt_token_ids"])
+        return p["prompt"], None
+    return p, None
 
 
 def as_spec_config(speculative: SpecConfig | str | dict | None) -> SpecConfig | None:
@@ -227,7 +253,7 @@ class LLM:
         else:
             if prompts is None:
                 raise InvalidRequestError("no prompts given", field="prompts")
-            items = [(p, None) for p in ([prompts] if isinstance(prompts, str) else prompts)]
+            items = [_prompt_item(p) for p in ([prompts] if isinstance(prompts, (str, dict)) else prompts)]
         return self._run(items, sampling_params, use_tqdm)
 
     def chat(self, messages: list[dict[str, Any]] | Sequence[list[dict[str, Any]]],

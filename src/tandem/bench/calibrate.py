@@ -24,7 +24,7 @@ from tandem.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
 from tandem.engine.llm_engine import LLMEngine
 from tandem.llm import build_engine
 from tandem.models.fetch import resolve_model
-from tandem.runner.model_runner import ModelRunner
+from tandem.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
 from tandem.sched.spec_length import FixedLength
 from tandem.sim.cost.base import shape_of

@@ -1,8 +1,10 @@
-"""Command-line arguments of `tandem bench serve`, and the command itself (kept out of cli.py)."""
+"""Command-line arguments of `tandem bench serve` and `tandem simulate calibrate`, and the commands
+themselves (kept out of cli.py; calibrate measures the real engine, so it is bench's, not the simulator's)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -120,3 +122,31 @@ def cmd_bench_serve(a: argparse.Namespace) -> int:
     for p in data.get("plots", []):
         print(f"plot written to {p}")
     return 1 if completed == 0 and failed > 0 else 0
+
+
+def add_calibrate_parser(ssub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`tandem simulate calibrate`, added to `tandem simulate`'s subcommands."""
+    c = ssub.add_parser("calibrate", help="profile this engine (default model, CPU) into a simulator profile")
+    c.add_argument("--json", dest="profile_json", default=None, help="profile file to write (default: print)")
+    c.add_argument("--quick", action="store_true", help="fewer shapes and repeats (about a minute)")
+    c.add_argument("--model", default=None, help="model to profile (default: the default model)")
+    c.set_defaults(func=cmd_calibrate)
+    return c
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from tandem.bench.calibrate import calibrate
+
+    profile = calibrate(model=a.model, quick=a.quick, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    fit = profile["fit"]
+    print(f"fit over {len(profile['samples'])} steps: mean error {fit['rel_error_mean']:.1%}, "
+          f"max {fit['rel_error_max']:.1%}; coefficients " +
+          ", ".join(f"{n}={c:.3g}" for n, c in zip(fit["features"], fit["coef"])))
+    if a.profile_json:
+        path = Path(a.profile_json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile, indent=1, default=str))
+        print(f"results written to {a.profile_json}")
+    else:
+        print(json.dumps(profile, indent=1))
+    return 0

@@ -33,9 +33,9 @@ def args_to_argv(args: dict[str, Any] | None) -> list[str]:
 
 def parse_args(args: dict[str, Any] | None):
     """`tandem serve`'s parsed arguments for an application builder's `args`."""
-    from tandem.cli import build_parser
+    from tandem.cli_engine import serve_parser
 
-    return build_parser().parse_args(["serve", *args_to_argv(args)])
+    return serve_parser().parse_args(args_to_argv(args))
 
 
 def app(args: dict[str, Any] | None = None):

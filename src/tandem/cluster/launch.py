@@ -25,7 +25,7 @@ def serve_cluster(a: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         from tandem.errors import ConfigError
 
         raise ConfigError("--replicas needs Ray Serve: pip install 'tandem[cluster]'") from None
-    from tandem.cli import served_model_name
+    from tandem.cli_engine import served_model_name
     from tandem.cluster.deployments import build
     from tandem.server.launch import usage_banner
 

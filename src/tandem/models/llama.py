@@ -102,8 +102,11 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = self.quant
-        if q is not None and x.shape[0] <= q.max_rows:
-            return self.forward_quant(x)
+        if q is not None:
+            if x.shape[0] <= q.i8_max_rows:
+                return self.forward_i8(x)
+            if x.shape[0] <= q.max_rows:
+                return self.forward_quant(x)
         return self.forward_dense(x)
 
     def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,6 +117,12 @@ class Linear(nn.Module):
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+    def forward_i8(self, x: torch.Tensor) -> torch.Tensor:
+        """Q4_1 weights times x rounded to 8 bits per block of 32, llama.cpp's arithmetic (see
+        tandem.models.quant); float32 in and out."""
+        bias = None if self.bias is None else self.bias.float()
+        return self.quant_ops.quant_linear_i8(x.contiguous().float(), self.quant.i8, bias, self.out_features)
 
     def forward_quant(self, x: torch.Tensor) -> torch.Tensor:
         """The weight-only quantized kernel on the GGUF blocks (see tandem.models.quant)."""

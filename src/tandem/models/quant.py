@@ -14,12 +14,21 @@ float32 paths compute the same function up to summation order; a bfloat16 model'
 are those values rounded to bfloat16, which the quantized path avoids. `max_rows` is measured per
 weight shape at load on this CPU (`choose_max_rows`): the largest row count at which the quantized
 kernel still wins.
+
+With `activations="int8"` (quantization "gguf", llama.cpp's arithmetic) Q4_1 layers of a float32
+model are also repacked for `quant_linear_i8` (csrc/quant_i8.cpp): each call rounds x to 8 bits
+per block of 32 (Q8_1), as llama.cpp and vLLM's GGUF kernels do, and runs an integer dot product
+(VPMADDUBSW) that does four times the multiply-adds of a float32 FMA per instruction. That is not
+the float32 function any more (relative error ~0.5% per layer, from the rounding of x), so it is
+a mode of its own; `choose_max_rows` measures up to which row count it wins (`i8_max_rows`), which
+on a 2-core AVX2 EPYC is every step size, prefill included.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +40,7 @@ log = logging.getLogger("tandem.quant")
 QTYPES = {"Q4_1": 0, "Q8_0": 1}
 SOURCE_FILE = "tandem_gguf_source.json"
 _ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+_I8_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 @dataclass
@@ -45,6 +55,8 @@ class QuantWeight:
     in_features: int
     max_rows: int = 0           # steps of at most this many rows use the quantized kernel
     packed_bf16: bool = False
+    i8: torch.Tensor | None = None   # quant_pack_i8's records (Q4_1, float32 models, activations="int8")
+    i8_max_rows: int = 0             # steps of at most this many rows use quant_linear_i8
 
 
 def record_source(model_dir: Path, gguf_path: Path) -> None:
@@ -76,15 +88,17 @@ def _blocks(tensors: dict, name: str) -> tuple[np.ndarray, int] | None:
     return np.asarray(t.data), QTYPES[t.tensor_type.name]
 
 
-def attach_gguf(model, gguf_path: Path, ops) -> int:
+def attach_gguf(model, gguf_path: Path, ops, activations: str = "float") -> int:
     """Give the model's linear layers their GGUF blocks; returns how many layers got them.
-    A fused layer (qkv, gate_up) gets blocks only if all its parts share one supported type."""
+    A fused layer (qkv, gate_up) gets blocks only if all its parts share one supported type.
+    `activations` "int8" also packs Q4_1 layers of a float32 model for `quant_linear_i8`."""
     import gguf
 
     from tandem.models.gguf_convert import unpermute_qk
 
     tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
     arch = model.cfg
+    int8_ready = getattr(ops, "i8_linear_available", lambda: False)()
     permute = arch.model_type == "llama"
     count = 0
 
@@ -104,6 +118,9 @@ def attach_gguf(model, gguf_path: Path, ops) -> int:
                                        packed_bf16=True)
         else:
             linear.quant = QuantWeight(data, qtype, k)
+            if activations == "int8" and int8_ready:
+                if qtype == QTYPES["Q4_1"] and linear.dtype == torch.float32:
+                    linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k)
         linear.quant_ops = ops
         count += 1
 
@@ -122,9 +139,11 @@ def attach_gguf(model, gguf_path: Path, ops) -> int:
 
 def choose_max_rows(model, repeats: int = 3) -> dict[tuple[int, int], int]:
     """Per weight shape, the largest row count (of a few) at which the quantized kernel beats the
-    float32 path on this CPU; set on every layer of that shape. Each timing runs the shape's layers
-    one after another, as a step does, so the float weights come from memory, not from a cache that
-    one layer timed alone would stay in. Takes about a second."""
+    float32 path on this CPU; set on every layer of that shape. Where the layers also have int8
+    records, `i8_max_rows` is the largest row count up to which `quant_linear_i8` beats both (at
+    every probed count; past the largest probe if it still wins there). Each timing runs the
+    shape's layers one after another, as a step does, so the float weights come from memory, not
+    from a cache that one layer timed alone would stay in. Takes a second or two."""
     from tandem.models.llama import Linear
 
     by_shape: dict[tuple[int, int], list] = {}
@@ -142,9 +161,22 @@ def choose_max_rows(model, repeats: int = 3) -> dict[tuple[int, int], int]:
                 best = rows
             elif rows >= 8:
                 break
+        i8_best = 0
+        if all(m.quant.i8 is not None for m in layers):
+            for rows in _I8_ROWS:
+                x = torch.randn(rows, shape[1], dtype=layers[0].dtype)
+                i = _time(lambda: [m.forward_i8(x) for m in layers], repeats)
+                other = (_time(lambda: [m.forward_quant(x) for m in layers], repeats) if rows <= best
+                         else _time(lambda: [m.forward_dense(x) for m in layers], repeats))
+                if i >= other:
+                    break
+                i8_best = rows if rows < _I8_ROWS[-1] else sys.maxsize
         for m in layers:
             m.quant.max_rows = best
+            m.quant.i8_max_rows = i8_best
         chosen[shape] = best
+        if i8_best:
+            log.info("int8 kernel for %s up to %s rows", shape, "any number of" if i8_best == sys.maxsize else i8_best)
     log.info("quantized kernel up to rows per shape: %s", chosen)
     return chosen
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger("tandem.kernels")
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp", "quant_bf16.cpp", "prefill_bf16.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp", "quant_bf16.cpp", "quant_i8.cpp", "prefill_bf16.cpp")]
 _module: ModuleType | None = None
 _tried = False
 
@@ -81,6 +81,15 @@ class CpuKernelOps:
     def quant_linear_bf16(self, x, w, bias, qtype: int, n: int):
         return self.m.quant_linear_bf16(x, w, bias, qtype, n)
 
+    def i8_linear_available(self) -> bool:
+        return self.m.i8_linear_available()
+
+    def quant_pack_i8(self, data, n: int, k: int):
+        return self.m.quant_pack_i8(data, n, k)
+
+    def quant_linear_i8(self, x, w, bias, n: int):
+        return self.m.quant_linear_i8(x, w, bias, n)
+
     def paged_attention(self, q, k_cache, v_cache, table, seq, pos, block_size: int, scale: float):
         return self.m.paged_attention(q, k_cache, v_cache, table, seq, pos, block_size, scale)
 
@@ -100,7 +109,7 @@ def load_cpu_kernels() -> ModuleType | None:
     _tried = True
     if os.environ.get("TANDEM_CPU_KERNELS", "1") == "0":
         return None
-    from tandem.models.fetch import cache_dir
+    from tandem.paths import cache_dir
 
     src = b"".join(p.read_bytes() for p in _SOURCES)
     # -march=native: a build is only valid on a CPU with the same instruction set, so the CPU's

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tandem.config import POLICY_NAMES
 from tandem.sched.budget import DynamicBudget, StaticBudget, TokenBudget
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.ordering import FCFS, AugServeOrdering, Ordering
 from tandem.sched.predictor import OutputLengthPredictor, ToolStats
 from tandem.sched.tool_policy import FixedAction, KVPausePolicy, MinWaste
 from tandem.types import KVAction
-
-POLICY_NAMES = ("fcfs", "fcfs-discard", "infercept", "augserve-stage1", "augserve-stage2", "augserve")
 
 
 @dataclass

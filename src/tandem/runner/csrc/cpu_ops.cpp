@@ -877,6 +877,9 @@ torch::Tensor pack_linear_bf16(torch::Tensor w);
 torch::Tensor packed_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n);
 // quant_bf16.cpp
 torch::Tensor quant_pack_bf16(torch::Tensor data, int64_t qtype, int64_t n, int64_t k);
+bool i8_linear_available();
+torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k);
+torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n);
 torch::Tensor quant_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t qtype,
                                 int64_t n);
 // prefill_bf16.cpp
@@ -992,6 +995,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear_bf16", &packed_linear_bf16, "x @ W^T (+ bias) in bfloat16 with W packed by pack_linear_bf16");
   m.def("quant_pack_bf16", &quant_pack_bf16, "GGML Q4_1 / Q8_0 blocks -> records for quant_linear_bf16");
   m.def("quant_linear_bf16", &quant_linear_bf16, "bfloat16 x @ W^T (+ bias) with W packed by quant_pack_bf16");
+  m.def("i8_linear_available", &i8_linear_available, "whether quant_linear_i8 runs here (AVX2 + FMA + F16C)");
+  m.def("quant_pack_i8", &quant_pack_i8, "GGML Q4_1 blocks -> 8-row records for quant_linear_i8");
+  m.def("quant_linear_i8", &quant_linear_i8, "x @ W^T (+ bias), W in Q4_1 records, x rounded to 8 bits per block (Q8_1)");
   m.def("quant_linear", &quant_linear, "x @ W^T (+ bias) with W in GGML Q4_1 / Q8_0 blocks");
   m.def("quant_dequantize", &quant_dequantize, "float32 weights of GGML Q4_1 / Q8_0 blocks");
   m.def("prefill_bf16_available", &prefill_bf16_available, "whether prefill_attention_bf16 runs here");

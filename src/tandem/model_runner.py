@@ -2,6 +2,8 @@
 
 Implements the engine's `Executor` protocol. It owns the model, the paged KV tensors, the
 per-request sampling state and, with speculation, the proposer; it makes no scheduling decision.
+It sits above what it drives (tandem.runner's primitives, tandem.models, tandem.spec), which
+therefore never import it.
 """
 
 from __future__ import annotations

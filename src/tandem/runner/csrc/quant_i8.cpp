@@ -1,0 +1,225 @@
+// GGUF Q4_1 linear layers with 8-bit activations, as llama.cpp computes them (Q4_1 weights times
+// Q8_1 activations): y = x W^T (+ bias), x and y float32, on any CPU with AVX2.
+//
+// A Q4_1 block holds 32 weights of one row, w = d q + m with q in 0..15. Each call quantizes x per
+// row and block of 32 (llama.cpp's Q8_1: dx = max|x| / 127, qx = round(x / dx), sx = dx sum qx), so
+//   sum_k w_k x_k ~= d dx sum_k q_k qx_k + m sx
+// where sum q qx is an exact integer dot product: VPMADDUBSW multiplies 32 unsigned q by 32 signed
+// qx into 16 pair sums, which stay exact when a block's eight of them are added in 16 bits
+// (16 x 15 x 127 = 30,480 < 32,767). The only rounding is of x to 8 bits per block (relative error
+// ~0.5% per layer, llama.cpp's); weights are never rounded.
+//
+// Why: on a 2-core AVX2 EPYC a float32 GEMM is bound by its FMAs (8 multiply-adds per
+// instruction); VPMADDUBSW does 32. Per block and row the kernel spends 8 VPMADDUBSW, 8 adds and 5
+// instructions of scaling on 256 multiply-adds, about half the instructions of float32, and it
+// reads 0.75 bytes per weight instead of 4.
+//
+// Layout, packed once at load (quant_pack_i8): groups of 8 output rows; per group and block one
+// 192-byte record: 4 vectors of 32 bytes, vector v holding, for row j of the group, the q of
+// inputs 4v..4v+3 (low nibbles) and 16+4v..16+4v+3 (high nibbles) in bytes 4j..4j+3; then the 8
+// rows' d and m as float32. Broadcasting 4 bytes of qx against a vector gives 8 rows' partial dot
+// products at once, lane j for row j.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define TANDEM_QUANT_I8 1
+#endif
+
+namespace {
+
+constexpr int64_t kGroup = 8, kBlock = 32, kRecord = 192, kSrcBlock = 20;
+constexpr int64_t kChunkRows = 96;   // rows per pass over the weights: their qx (<= 150 KB) stay in L2
+
+#ifdef TANDEM_QUANT_I8
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+inline int32_t hsum8i(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// One row of x -> qx (int8), dx and sx per block of 32 (llama.cpp's quantize_row_q8_1).
+void quantize_row(const float* x, int64_t k, int8_t* qx, float* dx, float* sx) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* p = x + b * kBlock;
+    __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8), v2 = _mm256_loadu_ps(p + 16),
+           v3 = _mm256_loadu_ps(p + 24);
+    __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    const float amax = hmax8(a), d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    const __m256 s = _mm256_set1_ps(id);
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, s), _MM_FROUND_TO_NEAREST_INT)),
+                  i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, s), _MM_FROUND_TO_NEAREST_INT)),
+                  i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, s), _MM_FROUND_TO_NEAREST_INT)),
+                  i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, s), _MM_FROUND_TO_NEAREST_INT));
+    dx[b] = d;
+    sx[b] = d * static_cast<float>(hsum8i(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3))));
+    // int32 -> int8 in order: the packs interleave 128-bit lanes, the permutation undoes it
+    const __m256i q = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)), perm);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx + b * kBlock), q);
+  }
+}
+
+inline __m256i bcast4(const int8_t* p) {
+  int32_t t;
+  std::memcpy(&t, p, 4);
+  return _mm256_set1_epi32(t);
+}
+
+// MR rows of qx against one group's records: 8 outputs per row.
+template <int MR>
+inline void tile(float* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+                 const uint8_t* rec, const float* bias, int64_t cols) {
+  const int64_t nb = k / kBlock;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t b = 0; b < nb; ++b, rec += kRecord) {
+    const int8_t* x0 = qx + b * kBlock;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (int v = 0; v < 4; ++v) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * v));
+      const __m256i lo = _mm256_and_si256(wv, low), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), low);
+#define TANDEM_I8_ROW(R, S)                                                                         \
+      if constexpr (MR > R) {                                                                       \
+        S = _mm256_add_epi16(S, _mm256_maddubs_epi16(lo, bcast4(x0 + R * k + 4 * v)));              \
+        S = _mm256_add_epi16(S, _mm256_maddubs_epi16(hi, bcast4(x0 + R * k + 16 + 4 * v)));         \
+      }
+      TANDEM_I8_ROW(0, s0) TANDEM_I8_ROW(1, s1) TANDEM_I8_ROW(2, s2) TANDEM_I8_ROW(3, s3)
+#undef TANDEM_I8_ROW
+    }
+    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 128));
+    const __m256 m = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 160));
+#define TANDEM_I8_FIN(R, A, S)                                                                        \
+    if constexpr (MR > R) {                                                                           \
+      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S, ones)),                             \
+                          _mm256_mul_ps(d, _mm256_set1_ps(dx[R * nb + b])), A);                       \
+      A = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[R * nb + b]), A);                                      \
+    }
+    TANDEM_I8_FIN(0, a0, s0) TANDEM_I8_FIN(1, a1, s1) TANDEM_I8_FIN(2, a2, s2) TANDEM_I8_FIN(3, a3, s3)
+#undef TANDEM_I8_FIN
+  }
+  alignas(32) float t[4][kGroup];
+  _mm256_store_ps(t[0], a0); _mm256_store_ps(t[1], a1); _mm256_store_ps(t[2], a2); _mm256_store_ps(t[3], a3);
+  for (int r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < cols; ++j) y[r * ldy + j] = t[r][j] + (bias != nullptr ? bias[j] : 0.f);
+}
+#endif
+
+}  // namespace
+
+bool i8_linear_available() {
+#ifdef TANDEM_QUANT_I8
+  return true;
+#else
+  return false;
+#endif
+}
+
+// GGML Q4_1 blocks uint8 [N, K/32 * 20] -> uint8 [ceil(N/8), K/32 * 192] records (rows past N zero).
+torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k) {
+  TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.scalar_type() == at::kByte && data.dim() == 2,
+              "quant_pack_i8: data must be contiguous uint8 [N, row bytes] on CPU");
+  TORCH_CHECK(k % kBlock == 0 && data.size(0) == n && data.size(1) == k / kBlock * kSrcBlock,
+              "quant_pack_i8: data does not hold [N, K] Q4_1 blocks");
+#ifndef TANDEM_QUANT_I8
+  TORCH_CHECK(false, "quant_pack_i8: this build has no AVX2 + FMA + F16C");
+#else
+  const int64_t nb = k / kBlock, groups = (n + kGroup - 1) / kGroup;
+  auto out = torch::zeros({groups, nb * kRecord}, torch::dtype(torch::kUInt8));
+  const uint8_t* src = data.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* rec = dst + (g * nb + b) * kRecord;
+        float dm[2][kGroup] = {};
+        for (int64_t j = 0; j < kGroup && g * kGroup + j < n; ++j) {
+          const uint8_t* blk = src + (g * kGroup + j) * nb * kSrcBlock + b * kSrcBlock;
+          dm[0][j] = half_to_float(blk);
+          dm[1][j] = half_to_float(blk + 2);
+          // GGML order: byte i holds weight i (low nibble) and weight i + 16 (high nibble)
+          uint8_t q[kBlock];
+          for (int i = 0; i < 16; ++i) { q[i] = blk[4 + i] & 0x0F; q[i + 16] = blk[4 + i] >> 4; }
+          for (int v = 0; v < 4; ++v)
+            for (int t = 0; t < 4; ++t)
+              rec[32 * v + 4 * j + t] = static_cast<uint8_t>(q[4 * v + t] | (q[16 + 4 * v + t] << 4));
+        }
+        std::memcpy(rec + 128, dm, sizeof(dm));
+      }
+  });
+  return out;
+#endif
+}
+
+// x: float32 [..., K]; w: quant_pack_i8's records; bias: float32 [N] or none. Returns float32 [..., N].
+torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n) {
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "quant_linear_i8: x must be contiguous float32 on CPU");
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1), nb = k / kBlock;
+  const int64_t groups = (n + kGroup - 1) / kGroup;
+  TORCH_CHECK(k % kBlock == 0 && w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 &&
+                  w.size(0) == groups && w.size(1) == nb * kRecord,
+              "quant_linear_i8: w does not hold quant_pack_i8 records for [N, K]");
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n,
+                "quant_linear_i8: bias must be float32 [N]");
+    bp = bias->data_ptr<float>();
+  }
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  auto y = torch::empty(sizes, x.options());
+#ifndef TANDEM_QUANT_I8
+  TORCH_CHECK(false, "quant_linear_i8: this build has no AVX2 + FMA + F16C");
+#else
+  std::vector<int8_t> qx(m * k);
+  std::vector<float> dx(m * nb), sx(m * nb);
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * k, k, qx.data() + r * k, dx.data() + r * nb, sx.data() + r * nb);
+  });
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t c0 = 0; c0 < m; c0 += kChunkRows) {
+    const int64_t c1 = std::min(m, c0 + kChunkRows);
+    at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* rec = wp + g * nb * kRecord;
+        const int64_t col = g * kGroup, cols = std::min(kGroup, n - col);
+        const float* bg = bp != nullptr ? bp + col : nullptr;
+        int64_t r = c0;
+        for (; r + 4 <= c1; r += 4)
+          tile<4>(yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
+        const int64_t left = c1 - r;
+        if (left == 0) continue;
+        if (left == 3) tile<3>(yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
+        else if (left == 2) tile<2>(yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
+        else tile<1>(yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
+      }
+    });
+  }
+  return y;
+#endif
+}
