@@ -42,6 +42,7 @@ def test_bad_sampling_params(kwargs, field):
     (lambda llm: llm.generate(prompt_token_ids=[list(range(1, 70))]), "prompt"),
     (lambda llm: llm.generate([{"prompt": "a", "prompt_token_ids": [1]}]), "prompts"),
     (lambda llm: llm.generate({"prompt_ids": [1, 2]}), "prompts"),
+    (lambda llm: llm.generate({"prompt_token_ids": 5}), "prompt_token_ids"),
     (lambda llm: llm.generate(["a", "b"], [SamplingParams()]), "sampling_params"),
     (lambda llm: llm.chat([], SamplingParams()), "messages"),
 ])

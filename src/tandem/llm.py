@@ -172,7 +172,10 @@ def _prompt_item(p: Any) -> tuple[str | None, list[int] | None]:
             raise InvalidRequestError("a prompt dict holds exactly one of 'prompt' or 'prompt_token_ids'"
                                       + (f" (got {sorted(p)})" if p else ""), field="prompts")
         if "prompt_token_ids" in p:
-            return None, list(p["prompt_token_ids"])
+            ids = p["prompt_token_ids"]
+            if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+                raise InvalidRequestError("prompt_token_ids must be a list of token ids", field="prompt_token_ids")
+            return None, list(ids)
         return p["prompt"], None
     return p, None
 
