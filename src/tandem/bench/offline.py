@@ -51,7 +51,8 @@ def weight_bytes(model) -> int:
 
 def weight_memory(model) -> dict[str, float]:
     """The model's parameter count and the bytes its weights hold in memory, in every layout kept
-    (plain tensors, prepacked panels, oneDNN's layout, GGUF blocks), each tensor counted once."""
+    (plain tensors, prepacked panels, oneDNN's layout, GGUF blocks, 8-bit-activation records), each
+    tensor counted once."""
     from tandem.models.llama import Linear
 
     tensors, params = {}, model.embed.numel()
@@ -65,7 +66,8 @@ def weight_memory(model) -> dict[str, float]:
             continue
         if m is not model.lm_head or model.lm_head.weight is not model.embed:
             params += m.out_features * m.in_features
-        held = [m._packed, m._panels, m._panels_bf16, m.quant.data if m.quant is not None else None]
+        q = m.quant
+        held = [m._packed, m._panels, m._panels_bf16] + ([q.data, q.i8] if q is not None else [])
         for t in held:
             if isinstance(t, torch.Tensor) and t.numel():
                 tensors[t.data_ptr()] = t.numel() * t.element_size()
