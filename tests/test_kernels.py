@@ -84,6 +84,43 @@ def test_paged_attention_matches_sdpa(ops, heads, kv, d, bs, dtype):
         torch.testing.assert_close(got[i].view(heads, d), ref, atol=tol, rtol=tol)
 
 
+def test_paged_attention_reads_strided_query_rows(ops):
+    """q as the model passes it, a slice of the fused qkv output (rows strided by H + 2 KV heads):
+    the same result as from a contiguous copy."""
+    torch.manual_seed(1)
+    heads, kv, d, bs = 9, 3, 64, 16
+    kc, vc = torch.randn(kv, 8 * bs, d), torch.randn(kv, 8 * bs, d)
+    table = torch.arange(8, dtype=torch.int32).view(1, 8)
+    seq, pos = torch.zeros(3, dtype=torch.int32), torch.tensor([5, 40, 127], dtype=torch.int32)
+    qkv = torch.randn(3, heads + 2 * kv, d)
+    q = qkv[:, :heads]
+    assert not q.is_contiguous()
+    assert torch.equal(ops.paged_attention(q, kc, vc, table, seq, pos, bs, 0.125),
+                       ops.paged_attention(q.contiguous(), kc, vc, table, seq, pos, bs, 0.125))
+
+
+@pytest.mark.parametrize("src, cache", [(torch.float32, torch.float32), (torch.float32, torch.float16),
+                                        (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)])
+def test_kv_write_equals_index_copy_into_the_cache(ops, src, cache):
+    """K/V rows (strided slices of the fused qkv output) land in their slots, rounded to the cache's
+    dtype exactly as `.to(dtype)` rounds them; every other slot is untouched."""
+    torch.manual_seed(2)
+    kv, d, slots = 3, 64, 48
+    qkv = torch.randn(5, 9 + 2 * kv, d).to(src)
+    k, v = qkv[:, 9:9 + kv], qkv[:, 9 + kv:]
+    mapping = torch.tensor([7, 0, 47, 20, 21])
+    kc, vc = torch.randn(kv, slots, d).to(cache), torch.randn(kv, slots, d).to(cache)
+    kr, vr = kc.clone(), vc.clone()
+    kr.index_copy_(1, mapping, k.transpose(0, 1).to(cache))
+    vr.index_copy_(1, mapping, v.transpose(0, 1).to(cache))
+    ops.kv_write_(kc, vc, k, v, mapping)
+    assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        ops.kv_write_(kc, vc, k, v, torch.tensor([7, 0, 48, 20, 21]))
+    with pytest.raises(RuntimeError, match="int64"):
+        ops.kv_write_(kc, vc, k, v, mapping.int())
+
+
 @pytest.mark.parametrize("n, k", [(64, 32), (960, 576), (50, 300), (3, 520)])
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 24, 301])
 @pytest.mark.parametrize("bias", [False, True])

@@ -1,5 +1,5 @@
 """Quantized linear layers on GGUF blocks (Q4_1, Q8_0): the weight-only kernels against a NumPy
-reference of the format, the Q4_1 x 8-bit-activation kernel against llama.cpp's Q8_1 arithmetic,
+reference of the format, the 8-bit-activation kernel against llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 arithmetic,
 the layer's choice between the quantized and the float paths, and the default model served from
 its own GGUF blocks."""
 
@@ -121,41 +121,62 @@ i8_quant = pytest.mark.skipif(kernels is None or not kernels.i8_linear_available
                               reason="no AVX2 + FMA + F16C here")
 
 
+def round_x_to_8_bits(x: np.ndarray, nb: int) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's quantize_row_q8_0/q8_1: per block of 32, scale max|x| / 127 and q rounded to
+    nearest (ties to even). Returns qx int64 [rows, nb, 32] and dx float64 [rows, nb]."""
+    xb = x.reshape(x.shape[0], nb, 32).astype(np.float32)
+    amax = np.abs(xb).max(axis=2)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    qx = np.rint(xb * inv[..., None]).astype(np.int64)
+    return qx, (amax / np.float32(127)).astype(np.float32).astype(np.float64)
+
+
 def q8_1_reference(raw: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """llama.cpp's Q4_1 x Q8_1 product: x rounded per block of 32 (scale max|x| / 127, ties to
-    even), integer dot products with the 4-bit q, then d dx sum(q qx) + m dx sum(qx), in float64."""
+    """llama.cpp's Q4_1 x Q8_1 product: x rounded per block of 32, integer dot products with the
+    4-bit q, then d dx sum(q qx) + m dx sum(qx), in float64."""
     n, k = raw.shape[0], x.shape[1]
     nb = k // 32
     blk = raw.reshape(n, nb, 20)
     d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
     m = blk[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
     q = np.concatenate([blk[:, :, 4:] & 0x0F, blk[:, :, 4:] >> 4], axis=2).astype(np.int64)   # [n, nb, 32]
-    xb = x.reshape(x.shape[0], nb, 32).astype(np.float32)
-    amax = np.abs(xb).max(axis=2)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    qx = np.rint(xb * inv[..., None]).astype(np.int64)                                          # [rows, nb, 32]
-    dx = (amax / np.float32(127)).astype(np.float32).astype(np.float64)
+    qx, dx = round_x_to_8_bits(x, nb)
     dots = np.einsum("rbk,nbk->rnb", qx, q).astype(np.float64)
     y = (dots * d[None] * dx[:, None, :]).sum(2) + (m[None] * (dx * qx.sum(2))[:, None, :]).sum(2)
     return y + (0 if bias is None else bias.astype(np.float64))
 
 
+def q8_0_reference(raw: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """llama.cpp's Q8_0 x Q8_0 product: d dx sum(q qx) per block, in float64."""
+    n, k = raw.shape[0], x.shape[1]
+    nb = k // 32
+    blk = raw.reshape(n, nb, 34)
+    d = blk[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    q = blk[:, :, 2:].copy().view(np.int8).astype(np.int64)                                     # [n, nb, 32]
+    qx, dx = round_x_to_8_bits(x, nb)
+    dots = np.einsum("rbk,nbk->rnb", qx, q).astype(np.float64)
+    return (dots * d[None] * dx[:, None, :]).sum(2) + (0 if bias is None else bias.astype(np.float64))
+
+
 @i8_quant
+@pytest.mark.parametrize("qtype, make, reference", [(0, q4_1_blocks, q8_1_reference), (1, q8_0_blocks, q8_0_reference)],
+                         ids=["q4_1", "q8_0"])
 @pytest.mark.parametrize("n, k", [(80, 192), (8, 32), (37, 1536)])      # 37: a partial 8-row group
 @pytest.mark.parametrize("rows", [1, 3, 4, 17, 100])                    # 100: past a 96-row chunk
-def test_quant_linear_i8_is_llama_cpp_q4_1_times_q8_1(n, k, rows):
-    rng = np.random.default_rng(n + k + rows)
-    raw, w = q4_1_blocks(rng, n, k)
-    packed = kernels.quant_pack_i8(torch.from_numpy(raw), n, k)
+def test_quant_linear_i8_is_llama_cpp_arithmetic(qtype, make, reference, n, k, rows):
+    """Q4_1 x Q8_1 and Q8_0 x Q8_0 (q = -128 included: |q| as unsigned, the sign moved to x)."""
+    rng = np.random.default_rng(n + k + rows + 1000 * qtype)
+    raw, w = make(rng, n, k)
+    packed = kernels.quant_pack_i8(torch.from_numpy(raw), n, k, qtype)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * torch.linspace(0.1, 8, rows)[:, None]
     x[0, :32] = 0.0                                                      # an all-zero block rounds to zeros
     bias = torch.randn(n)
-    want = q8_1_reference(raw, x.numpy(), bias.numpy())
-    got = kernels.quant_linear_i8(x, packed, bias, n)
+    want = reference(raw, x.numpy(), bias.numpy())
+    got = kernels.quant_linear_i8(x, packed, bias, n, qtype)
     assert got.dtype == torch.float32 and got.shape == (rows, n)
     assert np.allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-4 * np.abs(want).max())
-    assert np.allclose(kernels.quant_linear_i8(x, packed, None, n).double().numpy(), want - bias.double().numpy(),
+    assert np.allclose(kernels.quant_linear_i8(x, packed, None, n, qtype).double().numpy(), want - bias.double().numpy(),
                        rtol=1e-5, atol=1e-4 * np.abs(want).max())
     # against the exact float product: only the rounding of x to 8 bits per block
     exact = x.double().numpy() @ w.astype(np.float64).T + bias.double().numpy()
@@ -166,14 +187,20 @@ def test_quant_linear_i8_is_llama_cpp_q4_1_times_q8_1(n, k, rows):
 def test_quant_linear_i8_rejects_bad_shapes_with_a_clear_error():
     raw, _ = q4_1_blocks(np.random.default_rng(0), 8, 64)
     with pytest.raises(RuntimeError, match="Q4_1 blocks"):
-        kernels.quant_pack_i8(torch.from_numpy(raw), 8, 96)
-    packed = kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64)
+        kernels.quant_pack_i8(torch.from_numpy(raw), 8, 96, 0)
+    with pytest.raises(RuntimeError, match="Q8_0 blocks"):
+        kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 1)           # Q4_1 bytes read as Q8_0
+    with pytest.raises(RuntimeError, match="qtype"):
+        kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 7)
+    packed = kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 0)
     with pytest.raises(RuntimeError, match="records"):
-        kernels.quant_linear_i8(torch.randn(2, 96), packed, None, 8)
+        kernels.quant_linear_i8(torch.randn(2, 96), packed, None, 8, 0)
+    with pytest.raises(RuntimeError, match="records"):
+        kernels.quant_linear_i8(torch.randn(2, 64), packed, None, 8, 1)  # Q4_1 records as Q8_0
     with pytest.raises(RuntimeError, match="float32"):
-        kernels.quant_linear_i8(torch.randn(2, 64).double(), packed, None, 8)
+        kernels.quant_linear_i8(torch.randn(2, 64).double(), packed, None, 8, 0)
     with pytest.raises(RuntimeError, match="bias"):
-        kernels.quant_linear_i8(torch.randn(2, 64), packed, torch.randn(5), 8)
+        kernels.quant_linear_i8(torch.randn(2, 64), packed, torch.randn(5), 8, 0)
 
 
 @i8_quant
@@ -186,7 +213,7 @@ def test_linear_uses_int8_then_weight_only_then_dense_by_row_count():
     lin = Linear(64, 128, False, torch.float32)
     lin.weight.data = torch.from_numpy(w) + 1.0          # a different dense weight tells the paths apart
     data = torch.from_numpy(raw)
-    lin.quant = QuantWeight(data, 0, 128, max_rows=4, i8=kernels.quant_pack_i8(data, 64, 128), i8_max_rows=2)
+    lin.quant = QuantWeight(data, 0, 128, max_rows=4, i8=kernels.quant_pack_i8(data, 64, 128, 0), i8_max_rows=2)
     lin.quant_ops = CpuKernelOps(kernels)
     x2, x4, x8 = torch.randn(2, 128), torch.randn(4, 128), torch.randn(8, 128)
     assert torch.allclose(lin(x2), torch.from_numpy(q8_1_reference(raw, x2.numpy(), None)).float(), atol=1e-4)

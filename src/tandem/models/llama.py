@@ -104,7 +104,9 @@ class Linear(nn.Module):
         q = self.quant
         if q is not None:
             if x.shape[0] <= q.i8_max_rows:
-                return self.forward_i8(x)
+                # forward_i8, inlined: a decode step makes 4 such calls per layer, and at one row
+                # each Python frame is a tenth of the kernel's time
+                return self.quant_ops.quant_linear_i8(x, q.i8, self.bias, self.out_features, q.qtype)
             if x.shape[0] <= q.max_rows:
                 return self.forward_quant(x)
         return self.forward_dense(x)
@@ -119,10 +121,9 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def forward_i8(self, x: torch.Tensor) -> torch.Tensor:
-        """Q4_1 weights times x rounded to 8 bits per block of 32, llama.cpp's arithmetic (see
-        tandem.models.quant); float32 in and out."""
-        bias = None if self.bias is None else self.bias.float()
-        return self.quant_ops.quant_linear_i8(x.contiguous().float(), self.quant.i8, bias, self.out_features)
+        """Q4_1 / Q8_0 weights times x rounded to 8 bits per block of 32, llama.cpp's arithmetic
+        (see tandem.models.quant); float32 in and out."""
+        return self.quant_ops.quant_linear_i8(x, self.quant.i8, self.bias, self.out_features, self.quant.qtype)
 
     def forward_quant(self, x: torch.Tensor) -> torch.Tensor:
         """The weight-only quantized kernel on the GGUF blocks (see tandem.models.quant)."""

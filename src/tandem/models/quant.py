@@ -15,10 +15,11 @@ are those values rounded to bfloat16, which the quantized path avoids. `max_rows
 weight shape at load on this CPU (`choose_max_rows`): the largest row count at which the quantized
 kernel still wins.
 
-With `activations="int8"` (quantization "gguf", llama.cpp's arithmetic) Q4_1 layers of a float32
-model are also repacked for `quant_linear_i8` (csrc/quant_i8.cpp): each call rounds x to 8 bits
-per block of 32 (Q8_1), as llama.cpp and vLLM's GGUF kernels do, and runs an integer dot product
-(VPMADDUBSW) that does four times the multiply-adds of a float32 FMA per instruction. That is not
+With `activations="int8"` (quantization "gguf", llama.cpp's arithmetic) the Q4_1 and Q8_0 layers of
+a float32 model (the default model's LM head is its Q8_0 embedding table) are also repacked for
+`quant_linear_i8` (csrc/quant_i8.cpp): each call rounds x to 8 bits per block of 32 (Q8_1 / Q8_0),
+as llama.cpp and vLLM's GGUF kernels do, and runs an integer dot product (VPMADDUBSW) that does
+four times the multiply-adds of a float32 FMA per instruction. That is not
 the float32 function any more (relative error ~0.5% per layer, from the rounding of x), so it is
 a mode of its own; `choose_max_rows` measures up to which row count it wins (`i8_max_rows`), which
 on a 2-core AVX2 EPYC is every step size, prefill included.
@@ -56,7 +57,7 @@ class QuantWeight:
     in_features: int
     max_rows: int = 0           # steps of at most this many rows use the quantized kernel
     packed_bf16: bool = False
-    i8: torch.Tensor | None = None   # quant_pack_i8's records (Q4_1, float32 models, activations="int8")
+    i8: torch.Tensor | None = None   # quant_pack_i8's records (float32 models, activations="int8")
     i8_max_rows: int = 0             # steps of at most this many rows use quant_linear_i8
 
 
@@ -92,7 +93,7 @@ def _blocks(tensors: dict, name: str) -> tuple[np.ndarray, int] | None:
 def attach_gguf(model, gguf_path: Path, ops, activations: str = "float") -> int:
     """Give the model's linear layers their GGUF blocks; returns how many layers got them.
     A fused layer (qkv, gate_up) gets blocks only if all its parts share one supported type.
-    `activations` "int8" also packs Q4_1 layers of a float32 model for `quant_linear_i8`."""
+    `activations` "int8" also packs the layers of a float32 model for `quant_linear_i8`."""
     import gguf
 
     from tandem.models.gguf_convert import unpermute_qk
@@ -119,9 +120,8 @@ def attach_gguf(model, gguf_path: Path, ops, activations: str = "float") -> int:
                                        packed_bf16=True)
         else:
             linear.quant = QuantWeight(data, qtype, k)
-            if activations == "int8" and int8_ready:
-                if qtype == QTYPES["Q4_1"] and linear.dtype == torch.float32:
-                    linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k)
+            if activations == "int8" and int8_ready and linear.dtype == torch.float32:
+                linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k, qtype)
         linear.quant_ops = ops
         count += 1
 

@@ -86,6 +86,7 @@ class AttentionBackend:
         self.cache = cache
         self.kernel = getattr(ops, "paged_attention", None)   # fused paged attention, if the ops have it
         self.prefill_kernel = getattr(ops, "prefill_attention", None)
+        self.kv_write = getattr(ops, "kv_write_", None)           # fused K/V write into the cache, if any
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.group = num_heads // num_kv_heads
@@ -96,15 +97,21 @@ class AttentionBackend:
                 meta: AttentionMetadata) -> torch.Tensor:
         """q: [N, H, D], k/v: [N, KV, D] (new tokens) -> [N, H * D]."""
         kc, vc = self.cache.k[layer], self.cache.v[layer]
-        kc.index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kc.dtype))   # rounded if the cache is 16-bit
-        vc.index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(vc.dtype))
+        if self.kv_write is not None and kc.device.type == "cpu":
+            self.kv_write(kc, vc, k, v, meta.slot_mapping)
+        else:
+            kc.index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kc.dtype))   # rounded if the cache is 16-bit
+            vc.index_copy_(1, meta.slot_mapping, v.transpose(0, 1).to(vc.dtype))
         n = q.shape[0]
-        out = q.new_empty(n, self.num_heads * self.head_dim)
         nb = meta.num_batched_tokens
-        if meta.batched is not None:
-            g = meta.batched
+        g = meta.batched
+        if g is not None and self.kernel is not None and nb == n and not meta.prefills:
+            # a decode-only step: the kernel's output is the layer's, with no copy
+            return self.kernel(q, kc, vc, g.table, g.query_seq, g.query_pos, self.cache.block_size, self.scale)
+        out = q.new_empty(n, self.num_heads * self.head_dim)
+        if g is not None:
             if self.kernel is not None:
-                out[:nb] = self.kernel(q[:nb].contiguous(), kc, vc, g.table, g.query_seq, g.query_pos,
+                out[:nb] = self.kernel(q[:nb], kc, vc, g.table, g.query_seq, g.query_pos,
                                        self.cache.block_size, self.scale)
             else:
                 out[:nb] = self._batched(q[:nb], kc, vc, g)

@@ -84,14 +84,20 @@ class CpuKernelOps:
     def i8_linear_available(self) -> bool:
         return self.m.i8_linear_available()
 
-    def quant_pack_i8(self, data, n: int, k: int):
-        return self.m.quant_pack_i8(data, n, k)
+    def quant_pack_i8(self, data, n: int, k: int, qtype: int):
+        return self.m.quant_pack_i8(data, n, k, qtype)
 
-    def quant_linear_i8(self, x, w, bias, n: int):
-        return self.m.quant_linear_i8(x, w, bias, n)
+    def quant_linear_i8(self, x, w, bias, n: int, qtype: int):
+        """x float32 [..., K] (made contiguous if it is not), bias float32 or None."""
+        return self.m.quant_linear_i8(x, w, bias, n, qtype)
 
     def paged_attention(self, q, k_cache, v_cache, table, seq, pos, block_size: int, scale: float):
+        """q [N, H, D] (rows may be strided, e.g. a slice of the fused qkv output) -> [N, H * D]."""
         return self.m.paged_attention(q, k_cache, v_cache, table, seq, pos, block_size, scale)
+
+    def kv_write_(self, k_cache, v_cache, k, v, slot_mapping) -> None:
+        """k/v [N, KV, D] (rows may be strided) into cache slots slot_mapping (int64 [N]), in the cache's dtype."""
+        self.m.kv_write_(k_cache, v_cache, k, v, slot_mapping)
 
     def prefill_attention(self, q, k_cache, v_cache, blocks, start: int, block_size: int, scale: float):
         """Causal attention of one prefill chunk, or None where the fused kernel does not apply

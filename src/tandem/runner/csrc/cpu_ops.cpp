@@ -409,7 +409,7 @@ void attend_item(float* out, const float* qf, int64_t g_size, const T* kh, const
 // TQ: the queries' and output's dtype; TKV: the cache's (float32 queries over a float16 or bfloat16
 // cache read it widened to float32, half the bytes of a float32 cache).
 template <typename TQ, typename TKV>
-void paged_attention_impl(TQ* out, const TQ* q, const TKV* kc, const TKV* vc, const int32_t* table,
+void paged_attention_impl(TQ* out, const TQ* q, int64_t q_row, const TKV* kc, const TKV* vc, const int32_t* table,
                           const int32_t* seq, const int32_t* pos, int64_t n, int64_t heads, int64_t kv_heads,
                           int64_t d, int64_t slots, int64_t max_blocks, int64_t bs, float scale) {
   const int64_t g_size = heads / kv_heads;
@@ -427,7 +427,7 @@ void paged_attention_impl(TQ* out, const TQ* q, const TKV* kc, const TKV* vc, co
       const int32_t* blocks = table + static_cast<int64_t>(seq[i]) * max_blocks;
       scores.resize(g_size * ctx);
       for (int64_t g = 0; g < g_size; ++g)
-        for (int64_t j = 0; j < d; ++j) qf[g * d + j] = f32(q[(i * heads + h * g_size + g) * d + j]);
+        for (int64_t j = 0; j < d; ++j) qf[g * d + j] = f32(q[i * q_row + (h * g_size + g) * d + j]);
       const TKV* kh = kc + h * slots * d;
       const TKV* vh = vc + h * slots * d;
 #ifdef TANDEM_AVX2
@@ -775,9 +775,13 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
   return out;
 }
 
+// q: [N, H, D], its rows may be strided (a slice of the fused qkv output) but each row's heads are packed.
 torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor table,
                               torch::Tensor seq, torch::Tensor pos, int64_t block_size, double scale) {
-  for (auto* t : {&q, &k_cache, &v_cache, &table, &seq, &pos}) check(*t, "argument");
+  for (auto* t : {&k_cache, &v_cache, &table, &seq, &pos}) check(*t, "argument");
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 3, "paged_attention: q must be [N, heads, head_dim] on the CPU");
+  if (q.stride(2) != 1 || q.stride(1) != q.size(2)) q = q.contiguous();
+  const int64_t q_row = q.stride(0);
   TORCH_CHECK(table.scalar_type() == at::kInt && seq.scalar_type() == at::kInt && pos.scalar_type() == at::kInt,
               "table, seq and pos must be int32");
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2), kv_heads = k_cache.size(0);
@@ -785,7 +789,7 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   auto out = torch::empty({n, heads * d}, q.options());
   if (k_cache.scalar_type() == q.scalar_type()) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
-      paged_attention_impl<scalar_t, scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+      paged_attention_impl<scalar_t, scalar_t>(out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), q_row, k_cache.data_ptr<scalar_t>(),
                                                v_cache.data_ptr<scalar_t>(), table.data_ptr<int32_t>(), seq.data_ptr<int32_t>(),
                                                pos.data_ptr<int32_t>(), n, heads, kv_heads, d, k_cache.size(1), table.size(1),
                                                block_size, static_cast<float>(scale));
@@ -795,12 +799,51 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
   // float32 queries over a 16-bit cache (kv_cache_dtype float16 or bfloat16 under a float32 model)
   TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_attention: a cache dtype other than the queries' needs float32 queries");
   AT_DISPATCH_REDUCED_FLOATING_TYPES(k_cache.scalar_type(), "paged_attention_mixed", [&] {
-    paged_attention_impl<float, scalar_t>(out.data_ptr<float>(), q.data_ptr<float>(), k_cache.data_ptr<scalar_t>(),
+    paged_attention_impl<float, scalar_t>(out.data_ptr<float>(), q.data_ptr<float>(), q_row, k_cache.data_ptr<scalar_t>(),
                                           v_cache.data_ptr<scalar_t>(), table.data_ptr<int32_t>(), seq.data_ptr<int32_t>(),
                                           pos.data_ptr<int32_t>(), n, heads, kv_heads, d, k_cache.size(1), table.size(1),
                                           block_size, static_cast<float>(scale));
   });
   return out;
+}
+
+// The step's new K and V ([N, KV, D] each, rows may be strided: slices of the fused qkv output)
+// into their slots of the caches ([KV, slots, D]), converted to the cache's dtype: one call in
+// place of two transposes, two dtype conversions and two index_copy_ per layer.
+void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slots) {
+  check(k_cache, "k_cache");
+  check(v_cache, "v_cache");
+  check(slots, "slot_mapping");
+  TORCH_CHECK(k.dim() == 3 && v.dim() == 3 && k.sizes() == v.sizes() && k_cache.dim() == 3 &&
+                  k_cache.sizes() == v_cache.sizes() && k.size(1) == k_cache.size(0) && k.size(2) == k_cache.size(2),
+              "kv_write_: k, v must be [N, kv_heads, head_dim] and the caches [kv_heads, slots, head_dim]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == k.size(0), "kv_write_: slot_mapping must be int64 [N]");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "kv_write_: k and v (and their caches) must share a dtype");
+  if (k.stride(2) != 1) k = k.contiguous();
+  if (v.stride(2) != 1) v = v.contiguous();
+  const int64_t n = k.size(0), kvh = k.size(1), d = k.size(2), num_slots = k_cache.size(1);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(sp[i] >= 0 && sp[i] < num_slots, "kv_write_: slot ", sp[i], " outside the cache's ", num_slots);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k.scalar_type(), "kv_write_src", [&] {
+    using TS = scalar_t;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k_cache.scalar_type(), "kv_write_dst", [&] {
+      using TD = scalar_t;
+      for (int which = 0; which < 2; ++which) {
+        const torch::Tensor& src = which == 0 ? k : v;
+        TD* dst = (which == 0 ? k_cache : v_cache).data_ptr<TD>();
+        const TS* sp0 = src.data_ptr<TS>();
+        const int64_t s0 = src.stride(0), s1 = src.stride(1);
+        for (int64_t i = 0; i < n; ++i)
+          for (int64_t h = 0; h < kvh; ++h) {
+            const TS* from = sp0 + i * s0 + h * s1;
+            TD* to = dst + (h * num_slots + sp[i]) * d;
+            for (int64_t j = 0; j < d; ++j) to[j] = static_cast<TD>(static_cast<float>(from[j]));
+          }
+      }
+    });
+  });
 }
 
 // x: float32 [M, K]; w: uint8 [N, K/32 * block bytes] (GGML blocks); bias: float32 [N] or none.
@@ -878,8 +921,9 @@ torch::Tensor packed_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional
 // quant_bf16.cpp
 torch::Tensor quant_pack_bf16(torch::Tensor data, int64_t qtype, int64_t n, int64_t k);
 bool i8_linear_available();
-torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k);
-torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n);
+torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k, int64_t qtype);
+torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n,
+                              int64_t qtype);
 torch::Tensor quant_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t qtype,
                                 int64_t n);
 // prefill_bf16.cpp
@@ -996,11 +1040,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_pack_bf16", &quant_pack_bf16, "GGML Q4_1 / Q8_0 blocks -> records for quant_linear_bf16");
   m.def("quant_linear_bf16", &quant_linear_bf16, "bfloat16 x @ W^T (+ bias) with W packed by quant_pack_bf16");
   m.def("i8_linear_available", &i8_linear_available, "whether quant_linear_i8 runs here (AVX2 + FMA + F16C)");
-  m.def("quant_pack_i8", &quant_pack_i8, "GGML Q4_1 blocks -> 8-row records for quant_linear_i8");
-  m.def("quant_linear_i8", &quant_linear_i8, "x @ W^T (+ bias), W in Q4_1 records, x rounded to 8 bits per block (Q8_1)");
+  m.def("quant_pack_i8", &quant_pack_i8, "GGML Q4_1 or Q8_0 blocks -> 8-row records for quant_linear_i8");
+  m.def("quant_linear_i8", &quant_linear_i8, "x @ W^T (+ bias), W in Q4_1 or Q8_0 records, x rounded to 8 bits per block (Q8_1 / Q8_0)");
   m.def("quant_linear", &quant_linear, "x @ W^T (+ bias) with W in GGML Q4_1 / Q8_0 blocks");
   m.def("quant_dequantize", &quant_dequantize, "float32 weights of GGML Q4_1 / Q8_0 blocks");
   m.def("prefill_bf16_available", &prefill_bf16_available, "whether prefill_attention_bf16 runs here");
   m.def("prefill_attention_bf16", &prefill_attention_bf16, "causal attention of one bfloat16 prefill chunk, paged");
+  m.def("kv_write_", &kv_write_, "in place: the step's new K/V rows into their cache slots, in the cache's dtype");
   m.def("paged_attention", &paged_attention, "attention over paged K/V for queries at given positions");
 }

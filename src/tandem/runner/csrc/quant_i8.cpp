@@ -12,13 +12,19 @@
 // Why: on a 2-core AVX2 EPYC a float32 GEMM is bound by its FMAs (8 multiply-adds per
 // instruction); VPMADDUBSW does 32. Per block and row the kernel spends 8 VPMADDUBSW, 8 adds and 5
 // instructions of scaling on 256 multiply-adds, about half the instructions of float32, and it
-// reads 0.75 bytes per weight instead of 4.
+// reads 0.625 bytes per weight (GGML's own) instead of 4.
+//
+// Q8_0 blocks (w = d q, q in -127..127; the default model's tied embeddings / LM head) take x
+// rounded the same way, as llama.cpp's Q8_0 x Q8_0 does: VPMADDUBSW needs one unsigned operand, so
+// it multiplies |q| by qx carrying q's sign (VPSIGNB), and each vector's pair sums go to 32 bits
+// at once (2 x 127 x 127 fits 16 bits, four of them would not).
 //
 // Layout, packed once at load (quant_pack_i8): groups of 8 output rows; per group and block one
-// 192-byte record: 4 vectors of 32 bytes, vector v holding, for row j of the group, the q of
+// record. Q4_1, 160 bytes: 4 vectors of 32 bytes, vector v holding, for row j of the group, the q of
 // inputs 4v..4v+3 (low nibbles) and 16+4v..16+4v+3 (high nibbles) in bytes 4j..4j+3; then the 8
-// rows' d and m as float32. Broadcasting 4 bytes of qx against a vector gives 8 rows' partial dot
-// products at once, lane j for row j.
+// rows' d and then their m as float16 (the block's own bits, so 160 bytes: GGML's). Broadcasting 4 bytes of qx against a vector gives 8 rows' partial dot
+// products at once, lane j for row j. Q8_0, 272 bytes: 8 vectors, vector v holding row j's q of
+// inputs 4v..4v+3 in bytes 4j..4j+3, then the 8 rows' d as float16.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -33,16 +39,14 @@
 
 namespace {
 
-constexpr int64_t kGroup = 8, kBlock = 32, kRecord = 192, kSrcBlock = 20;
+constexpr int64_t kGroup = 8, kBlock = 32;
+constexpr int kQ4_1 = 0, kQ8_0 = 1;                  // tandem.models.quant.QTYPES
+constexpr int64_t record_bytes(int qtype) { return qtype == kQ4_1 ? 160 : 272; }
+constexpr int64_t source_block_bytes(int qtype) { return qtype == kQ4_1 ? 20 : 34; }
+constexpr int64_t kPrefetch = 2048;  // bytes ahead of the record being read
 constexpr int64_t kChunkRows = 96;   // rows per pass over the weights: their qx (<= 150 KB) stay in L2
 
 #ifdef TANDEM_QUANT_I8
-inline float half_to_float(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 inline float hmax8(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -88,15 +92,27 @@ inline __m256i bcast4(const int8_t* p) {
   return _mm256_set1_epi32(t);
 }
 
+template <int MR>
+inline void store_tile(float* y, int64_t ldy, __m256 a0, __m256 a1, __m256 a2, __m256 a3, const float* bias,
+                       int64_t cols) {
+  alignas(32) float t[4][kGroup];
+  _mm256_store_ps(t[0], a0); _mm256_store_ps(t[1], a1); _mm256_store_ps(t[2], a2); _mm256_store_ps(t[3], a3);
+  for (int r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < cols; ++j) y[r * ldy + j] = t[r][j] + (bias != nullptr ? bias[j] : 0.f);
+}
+
 // MR rows of qx against one group's records: 8 outputs per row.
 template <int MR>
-inline void tile(float* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+inline void tile_q4_1(float* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                  const uint8_t* rec, const float* bias, int64_t cols) {
   const int64_t nb = k / kBlock;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t b = 0; b < nb; ++b, rec += kRecord) {
+  for (int64_t b = 0; b < nb; ++b, rec += record_bytes(kQ4_1)) {
     const int8_t* x0 = qx + b * kBlock;
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + 128), _MM_HINT_T0);
     __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
     for (int v = 0; v < 4; ++v) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * v));
@@ -109,21 +125,70 @@ inline void tile(float* y, int64_t ldy, const int8_t* qx, int64_t k, const float
       TANDEM_I8_ROW(0, s0) TANDEM_I8_ROW(1, s1) TANDEM_I8_ROW(2, s2) TANDEM_I8_ROW(3, s3)
 #undef TANDEM_I8_ROW
     }
-    const __m256 d = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 128));
-    const __m256 m = _mm256_loadu_ps(reinterpret_cast<const float*>(rec + 160));
-#define TANDEM_I8_FIN(R, A, S)                                                                        \
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 128)));
+    const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 144)));
+    // With 1 or 2 rows the m terms go to the spare accumulators a2 / a3: two FMA chains per row
+    // instead of one twice as long, which at one row would bound the loop at 8 cycles a block.
+#define TANDEM_I8_FIN(R, A, C, S)                                                                     \
     if constexpr (MR > R) {                                                                           \
       A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S, ones)),                             \
                           _mm256_mul_ps(d, _mm256_set1_ps(dx[R * nb + b])), A);                       \
-      A = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[R * nb + b]), A);                                      \
+      C = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[R * nb + b]), C);                                      \
     }
+    if constexpr (MR <= 2) {
+      TANDEM_I8_FIN(0, a0, a2, s0) TANDEM_I8_FIN(1, a1, a3, s1)
+    } else {
+      TANDEM_I8_FIN(0, a0, a0, s0) TANDEM_I8_FIN(1, a1, a1, s1) TANDEM_I8_FIN(2, a2, a2, s2) TANDEM_I8_FIN(3, a3, a3, s3)
+    }
+#undef TANDEM_I8_FIN
+  }
+  if constexpr (MR <= 2) {
+    a0 = _mm256_add_ps(a0, a2);
+    a1 = _mm256_add_ps(a1, a3);
+  }
+  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
+}
+
+// MR rows of qx against one group's Q8_0 records: 8 outputs per row.
+template <int MR>
+inline void tile_q8_0(float* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* /*sx*/,
+                      const uint8_t* rec, const float* bias, int64_t cols) {
+  const int64_t nb = k / kBlock;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t b = 0; b < nb; ++b, rec += record_bytes(kQ8_0)) {
+    const int8_t* x0 = qx + b * kBlock;
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + 128), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + 192), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + 256), _MM_HINT_T0);   // records straddle lines
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (int v = 0; v < 8; ++v) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * v));
+      const __m256i aw = _mm256_abs_epi8(wv);
+#define TANDEM_I8_ROW(R, S)                                                                           \
+      if constexpr (MR > R) {                                                                         \
+        const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(bcast4(x0 + R * k + 4 * v), wv)); \
+        S = _mm256_add_epi32(S, _mm256_madd_epi16(p, ones));                                          \
+      }
+      TANDEM_I8_ROW(0, s0) TANDEM_I8_ROW(1, s1) TANDEM_I8_ROW(2, s2) TANDEM_I8_ROW(3, s3)
+#undef TANDEM_I8_ROW
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 256)));
+#define TANDEM_I8_FIN(R, A, S)                                                                        \
+    if constexpr (MR > R) A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S), _mm256_mul_ps(d, _mm256_set1_ps(dx[R * nb + b])), A);
     TANDEM_I8_FIN(0, a0, s0) TANDEM_I8_FIN(1, a1, s1) TANDEM_I8_FIN(2, a2, s2) TANDEM_I8_FIN(3, a3, s3)
 #undef TANDEM_I8_FIN
   }
-  alignas(32) float t[4][kGroup];
-  _mm256_store_ps(t[0], a0); _mm256_store_ps(t[1], a1); _mm256_store_ps(t[2], a2); _mm256_store_ps(t[3], a3);
-  for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < cols; ++j) y[r * ldy + j] = t[r][j] + (bias != nullptr ? bias[j] : 0.f);
+  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
+}
+
+template <int MR>
+inline void tile(int qtype, float* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+                 const uint8_t* rec, const float* bias, int64_t cols) {
+  if (qtype == kQ4_1) tile_q4_1<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
+  else tile_q8_0<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
 }
 #endif
 
@@ -137,50 +202,61 @@ bool i8_linear_available() {
 #endif
 }
 
-// GGML Q4_1 blocks uint8 [N, K/32 * 20] -> uint8 [ceil(N/8), K/32 * 192] records (rows past N zero).
-torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k) {
+// GGML Q4_1 (qtype 0) or Q8_0 (qtype 1) blocks uint8 [N, K/32 * 20 | 34] -> uint8
+// [ceil(N/8), K/32 * 160 | 272] records (rows past N zero).
+torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k, int64_t qtype) {
+  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "quant_pack_i8: qtype must be 0 (Q4_1) or 1 (Q8_0), got ", qtype);
   TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.scalar_type() == at::kByte && data.dim() == 2,
               "quant_pack_i8: data must be contiguous uint8 [N, row bytes] on CPU");
-  TORCH_CHECK(k % kBlock == 0 && data.size(0) == n && data.size(1) == k / kBlock * kSrcBlock,
-              "quant_pack_i8: data does not hold [N, K] Q4_1 blocks");
+  const int64_t src_block = source_block_bytes(static_cast<int>(qtype)), record = record_bytes(static_cast<int>(qtype));
+  TORCH_CHECK(k % kBlock == 0 && data.size(0) == n && data.size(1) == k / kBlock * src_block,
+              "quant_pack_i8: data does not hold [N, K] ", qtype == kQ4_1 ? "Q4_1" : "Q8_0", " blocks");
 #ifndef TANDEM_QUANT_I8
   TORCH_CHECK(false, "quant_pack_i8: this build has no AVX2 + FMA + F16C");
 #else
   const int64_t nb = k / kBlock, groups = (n + kGroup - 1) / kGroup;
-  auto out = torch::zeros({groups, nb * kRecord}, torch::dtype(torch::kUInt8));
+  auto out = torch::zeros({groups, nb * record}, torch::dtype(torch::kUInt8));
   const uint8_t* src = data.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t b = 0; b < nb; ++b) {
-        uint8_t* rec = dst + (g * nb + b) * kRecord;
-        float dm[2][kGroup] = {};
+        uint8_t* rec = dst + (g * nb + b) * record;
+        uint16_t dm[2][kGroup] = {};      // the blocks' float16 d (and m), 8 rows side by side
         for (int64_t j = 0; j < kGroup && g * kGroup + j < n; ++j) {
-          const uint8_t* blk = src + (g * kGroup + j) * nb * kSrcBlock + b * kSrcBlock;
-          dm[0][j] = half_to_float(blk);
-          dm[1][j] = half_to_float(blk + 2);
-          // GGML order: byte i holds weight i (low nibble) and weight i + 16 (high nibble)
-          uint8_t q[kBlock];
-          for (int i = 0; i < 16; ++i) { q[i] = blk[4 + i] & 0x0F; q[i + 16] = blk[4 + i] >> 4; }
-          for (int v = 0; v < 4; ++v)
-            for (int t = 0; t < 4; ++t)
-              rec[32 * v + 4 * j + t] = static_cast<uint8_t>(q[4 * v + t] | (q[16 + 4 * v + t] << 4));
+          const uint8_t* blk = src + (g * kGroup + j) * nb * src_block + b * src_block;
+          std::memcpy(&dm[0][j], blk, 2);
+          if (qtype == kQ4_1) {
+            std::memcpy(&dm[1][j], blk + 2, 2);
+            // GGML order: byte i holds weight i (low nibble) and weight i + 16 (high nibble)
+            uint8_t q[kBlock];
+            for (int i = 0; i < 16; ++i) { q[i] = blk[4 + i] & 0x0F; q[i + 16] = blk[4 + i] >> 4; }
+            for (int v = 0; v < 4; ++v)
+              for (int t = 0; t < 4; ++t)
+                rec[32 * v + 4 * j + t] = static_cast<uint8_t>(q[4 * v + t] | (q[16 + 4 * v + t] << 4));
+          } else {
+            for (int v = 0; v < 8; ++v) std::memcpy(rec + 32 * v + 4 * j, blk + 2 + 4 * v, 4);
+          }
         }
-        std::memcpy(rec + 128, dm, sizeof(dm));
+        if (qtype == kQ4_1) std::memcpy(rec + 128, dm, sizeof(dm));
+        else std::memcpy(rec + 256, dm[0], sizeof(dm[0]));
       }
   });
   return out;
 #endif
 }
 
-// x: float32 [..., K]; w: quant_pack_i8's records; bias: float32 [N] or none. Returns float32 [..., N].
-torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n) {
-  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat,
-              "quant_linear_i8: x must be contiguous float32 on CPU");
-  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1), nb = k / kBlock;
+// x: float32 [..., K]; w: quant_pack_i8's records of `qtype`; bias: float32 [N] or none. Returns float32 [..., N].
+torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n,
+                              int64_t qtype) {
+  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "quant_linear_i8: qtype must be 0 (Q4_1) or 1 (Q8_0), got ", qtype);
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "quant_linear_i8: x must be float32 on CPU");
+  x = x.contiguous();
+  const int q = static_cast<int>(qtype);
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1), nb = k / kBlock, record = record_bytes(q);
   const int64_t groups = (n + kGroup - 1) / kGroup;
   TORCH_CHECK(k % kBlock == 0 && w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 &&
-                  w.size(0) == groups && w.size(1) == nb * kRecord,
+                  w.size(0) == groups && w.size(1) == nb * record,
               "quant_linear_i8: w does not hold quant_pack_i8 records for [N, K]");
   const float* bp = nullptr;
   if (bias.has_value()) {
@@ -197,26 +273,30 @@ torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<to
   std::vector<int8_t> qx(m * k);
   std::vector<float> dx(m * nb), sx(m * nb);
   const float* xp = x.data_ptr<float>();
-  at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * k, k, qx.data() + r * k, dx.data() + r * nb, sx.data() + r * nb);
-  });
+  if (m == 1) {
+    quantize_row(xp, k, qx.data(), dx.data(), sx.data());    // no thread hand-off for one row
+  } else {
+    at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * k, k, qx.data() + r * k, dx.data() + r * nb, sx.data() + r * nb);
+    });
+  }
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   for (int64_t c0 = 0; c0 < m; c0 += kChunkRows) {
     const int64_t c1 = std::min(m, c0 + kChunkRows);
     at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
       for (int64_t g = g0; g < g1; ++g) {
-        const uint8_t* rec = wp + g * nb * kRecord;
+        const uint8_t* rec = wp + g * nb * record;
         const int64_t col = g * kGroup, cols = std::min(kGroup, n - col);
         const float* bg = bp != nullptr ? bp + col : nullptr;
         int64_t r = c0;
         for (; r + 4 <= c1; r += 4)
-          tile<4>(yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
+          tile<4>(q, yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
         const int64_t left = c1 - r;
         if (left == 0) continue;
-        if (left == 3) tile<3>(yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
-        else if (left == 2) tile<2>(yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
-        else tile<1>(yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
+        if (left == 3) tile<3>(q, yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
+        else if (left == 2) tile<2>(q, yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
+        else tile<1>(q, yp + r * n + col, n, qx.data() + r * k, k, dx.data() + r * nb, sx.data() + r * nb, rec, bg, cols);
       }
     });
   }
