@@ -221,6 +221,41 @@ def test_linear_uses_int8_then_weight_only_then_dense_by_row_count():
     assert torch.allclose(lin(x8), x8 @ (torch.from_numpy(w) + 1.0).T, atol=1e-4)        # dense
 
 
+@i8_quant
+def test_release_unused_float_frees_only_what_the_int8_kernel_made_unused():
+    """A layer whose 8-bit kernel serves every step size loses its float panels and GGUF blocks and
+    computes the same; a layer that still needs the dense path above some row count keeps them."""
+    import sys
+
+    from tandem.models.llama import Linear
+    from tandem.models.quant import QuantWeight, release_unused_float
+    from tandem.runner.kernels import CpuKernelOps
+
+    model = torch.nn.Module()
+    layers = []
+    for i, bound in enumerate([sys.maxsize, 16]):
+        raw, w = q4_1_blocks(np.random.default_rng(10 + i), 64, 128)
+        lin = Linear(64, 128, False, torch.float32)
+        lin.weight.data = torch.from_numpy(w)
+        assert lin.prepack()                                           # float panels, plain weight freed
+        data = torch.from_numpy(raw)
+        lin.quant = QuantWeight(data, 0, 128, max_rows=4, i8=kernels.quant_pack_i8(data, 64, 128, 0), i8_max_rows=bound)
+        lin.quant_ops = CpuKernelOps(kernels)
+        layers.append(lin)
+    model.served, model.bounded = layers
+    x = torch.randn(300, 128)
+    before = model.served(x)
+    panels = model.served._panels.numel() * 4
+    assert release_unused_float(model) == panels + 64 * 128 // 32 * 20
+    assert model.served._panels is None and model.served.quant.data.numel() == 0
+    assert torch.equal(model.served(x), before)                         # 300 rows: still the int8 kernel
+    with pytest.raises(RuntimeError, match="released"):
+        model.served.forward_dense(x)
+    assert model.bounded._panels is not None and model.bounded.quant.data.numel() == 64 * 128 // 32 * 20
+    assert torch.allclose(model.bounded(x), x @ torch.from_numpy(q4_1_blocks(np.random.default_rng(11), 64, 128)[1]).T,
+                          atol=1e-4)                                    # 300 rows > 16: the dense path
+
+
 @pytest.mark.slow
 @needs_kernels
 def test_default_model_on_its_gguf_blocks_equals_the_float_model(default_model_dir):

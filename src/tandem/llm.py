@@ -138,7 +138,7 @@ def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
     insist; "auto" is AUTO_GGUF where it can be done, float weights elsewhere."""
     if mode == "none":
         return "float"
-    from tandem.models.quant import attach_gguf, choose_max_rows, gguf_source
+    from tandem.models.quant import attach_gguf, choose_max_rows, gguf_source, release_unused_float
     from tandem.runner.kernels import make_ops
 
     source = gguf_source(model_dir)
@@ -159,8 +159,10 @@ def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
     n = attach_gguf(model, source, ops, activations)
     rows = choose_max_rows(model)
     i8 = sum(1 for m in model.modules() if getattr(getattr(m, "quant", None), "i8_max_rows", 0))
+    freed = release_unused_float(model)
     return (f"float + {n} GGUF-quantized layers (quantized kernel up to {min(rows.values(), default=0)} rows"
-            + (f"; {i8} with 8-bit activations" if i8 else "") + ")")
+            + (f"; {i8} with 8-bit activations" if i8 else "")
+            + (f"; {freed / 2**20:.0f} MB of float weights they made unused released" if freed else "") + ")")
 
 
 def _prompt_item(p: Any) -> tuple[str | None, list[int] | None]:

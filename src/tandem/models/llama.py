@@ -42,6 +42,7 @@ class Linear(nn.Module):
         self._kernels = None
         self.quant = None           # tandem.models.quant.QuantWeight: GGUF blocks for small steps
         self.quant_ops = None
+        self.float_released = False  # the 8-bit kernel serves every step: float weights freed (quant.release_unused_float)
 
     def prepack(self, release: bool = True) -> bool:
         """Switch to prepacked weights if a packed path is available and numerically equal.
@@ -112,6 +113,8 @@ class Linear(nn.Module):
         return self.forward_dense(x)
 
     def forward_dense(self, x: torch.Tensor) -> torch.Tensor:
+        if self.float_released:
+            raise RuntimeError("this layer's float weights were released: its 8-bit kernel serves every step size")
         if self._panels is not None:
             return self._kernels.packed_linear(x.contiguous(), self._panels, self.bias, self.out_features)
         if self._panels_bf16 is not None:
@@ -127,6 +130,8 @@ class Linear(nn.Module):
 
     def forward_quant(self, x: torch.Tensor) -> torch.Tensor:
         """The weight-only quantized kernel on the GGUF blocks (see tandem.models.quant)."""
+        if self.float_released:
+            raise RuntimeError("this layer's GGUF blocks were released: its 8-bit kernel serves every step size")
         if self.quant.packed_bf16:
             return self.quant_ops.quant_linear_bf16(x.contiguous().to(torch.bfloat16), self.quant.data, self.bias,
                                                     self.quant.qtype, self.out_features).to(x.dtype)
