@@ -7,7 +7,7 @@ import pytest
 
 from tandem import LLM, SamplingParams
 from tandem.engine.tool_runtime import ToolOptions
-from tandem.sched.tool_policy import FixedAction
+from tandem.sched.tool_policy import FixedAction, fit_tool_result
 from tandem.types import KVAction
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
@@ -60,3 +60,13 @@ def test_resumed_generation_equals_an_uninterrupted_request_with_the_same_text(l
     plain = llm.generate(prompt_token_ids=[PROMPT + first + filler],
                          sampling_params=SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))[0]
     assert plain.token_ids == out.token_ids[6:11]
+
+
+def test_a_tool_result_is_cut_to_leave_room_for_one_generated_token():
+    """The rule both the engine and the simulator apply when a result would overrun max_model_len."""
+    ids = list(range(10))
+    assert fit_tool_result(ids, 100, 111) == ids                 # 110 < 111: all of it
+    assert fit_tool_result(ids, 100, 110) == ids[:9]             # 110 would fill the context
+    assert fit_tool_result(ids, 100, 105) == ids[:4]
+    assert fit_tool_result(ids, 109, 110) == []
+    assert fit_tool_result(ids, 200, 110) == []                  # never a negative slice

@@ -11,14 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+from tandem.sim.metrics import percentile  # noqa: F401  (re-exported: one definition for benchmarks and simulator)
 
 
 def median(values: list[float]) -> float | None:

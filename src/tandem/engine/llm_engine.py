@@ -23,6 +23,7 @@ from tandem.errors import InvalidRequestError
 from tandem.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
+from tandem.sched.tool_policy import fit_tool_result
 from tandem.types import FinishReason, Request, SeqUpdate, TokenLogprob
 
 
@@ -175,9 +176,7 @@ class LLMEngine:
             state = self._states.get(ev.request_id)
             if state is None:
                 continue
-            ids = self.tools.result_tokens(ev)
-            if state.request.num_tokens + len(ids) >= self.max_model_len:
-                ids = ids[:max(0, self.max_model_len - state.request.num_tokens - 1)]
+            ids = fit_tool_result(self.tools.result_tokens(ev), state.request.num_tokens, self.max_model_len)
             self.scheduler.resume_request(ev.request_id, ids, now)
             if state.detok is not None:
                 state.detok.inject(ids)

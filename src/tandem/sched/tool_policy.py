@@ -59,3 +59,12 @@ class MinWaste:
     def decide(self, ctx: PauseContext) -> KVAction:
         w = self.wastes(ctx)
         return min(w, key=w.get)
+
+
+def fit_tool_result(token_ids: list[int], num_tokens: int, max_model_len: int) -> list[int]:
+    """The part of a tool result's tokens a paused request's context takes back: all of them while
+    the context stays below `max_model_len`, else as many as leave room for one generated token
+    (the request then ends at its length limit). The engine and the simulator both cut here."""
+    if num_tokens + len(token_ids) < max_model_len:
+        return token_ids
+    return token_ids[:max(0, max_model_len - num_tokens - 1)]

@@ -19,6 +19,7 @@ from typing import Callable
 
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
+from tandem.sched.tool_policy import fit_tool_result
 from tandem.sim.build import SimConfig
 from tandem.sim.events import (ORDER_ABORT, ORDER_ARRIVAL, ORDER_STEP_DONE, ORDER_STEP_START,
                                ORDER_TOOL_RETURN, Event, EventLoop, event)
@@ -201,9 +202,7 @@ class SimEngine:
         for _, rid in sorted(due):
             n = self._tools.pop(rid)
             request = self._requests[rid]
-            ids = [FILL_TOKEN] * n
-            if request.num_tokens + len(ids) >= self.max_model_len:     # the engine's truncation
-                ids = ids[:max(0, self.max_model_len - request.num_tokens - 1)]
+            ids = fit_tool_result([FILL_TOKEN] * n, request.num_tokens, self.max_model_len)   # the engine's cut
             self.scheduler.resume_request(rid, ids, now)
 
     def _close(self, request: Request, now: float, reason: str) -> None:

@@ -21,6 +21,8 @@ PERCENTILES = (50, 90, 99)
 
 
 def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's default);
+    None for no values. The engine's benchmarks use this one too (tandem.bench.common)."""
     if not values:
         return None
     s = sorted(values)
