@@ -188,7 +188,7 @@ def release_unused_float(model) -> int:
     `choose_max_rows` finds on an AVX2 CPU) never reads again: its float32 weights in every layout
     and the GGUF blocks of the weight-only kernel. The embedding table stays (a lookup reads it), so
     a tied LM head keeps its weight and loses only its packed copy. Returns the bytes freed. The
-    default model goes from ~6.2 to ~1.4 bytes a parameter (a 7B Q4 model would otherwise hold
+    default model goes from 6.15 to 1.56 bytes a parameter on an AVX2 EPYC (a 7B Q4 model would otherwise hold
     ~28 GB of float32 next to its 4 GB of blocks)."""
     from tandem.models.llama import Linear
 
@@ -209,7 +209,8 @@ def release_unused_float(model) -> int:
         q.data = torch.empty(0, dtype=torch.uint8)
         q.max_rows = 0
         m.float_released = True
-    log.info("released %.0f MB of float weights the 8-bit kernel made unused", freed / 2**20)
+    if freed:
+        log.info("released %.0f MB of float weights the 8-bit kernel made unused", freed / 2**20)
     return freed
 
 
