@@ -97,7 +97,7 @@ class AttentionBackend:
                 meta: AttentionMetadata) -> torch.Tensor:
         """q: [N, H, D], k/v: [N, KV, D] (new tokens) -> [N, H * D]."""
         kc, vc = self.cache.k[layer], self.cache.v[layer]
-        if self.kv_write is not None and kc.device.type == "cpu":
+        if self.kv_write is not None:
             self.kv_write(kc, vc, k, v, meta.slot_mapping)
         else:
             kc.index_copy_(1, meta.slot_mapping, k.transpose(0, 1).to(kc.dtype))   # rounded if the cache is 16-bit
