@@ -18,6 +18,8 @@ from tandem.errors import ConfigError
                                                                    max_draft_tokens=5)),
     ({"method": "draft_model", "model": "/d", "policy": "fixed", "frontier_size": 2},
      SpecConfig(method="draft", draft_model="/d", policy="fixed", frontier_size=2)),
+    ({"model": "/d.gguf", "quantization": "none"}, SpecConfig(method="draft", draft_model="/d.gguf",
+                                                              draft_quantization="none")),
     ({"method": "layerskip", "num_draft_layers": 6}, SpecConfig(method="layerskip", num_draft_layers=6)),
     ({"method": "ngram", "length_table": [[1, 4], [8, 2]]}, SpecConfig(length_table=((1, 4), (8, 2)))),
     ({}, SpecConfig()),
@@ -37,6 +39,7 @@ def test_vllm_speculative_config_maps_onto_spec_config(spec, expected):
     ({"num_speculative_tokens": 0}, "max_draft_tokens must be in [1, 32]"),
     ({"num_speculative_tokens": "4"}, "wrong value type"),
     ({"method": "draft_model"}, "needs draft_model"),
+    ({"model": "/d.gguf", "quantization": "awq"}, "unknown draft_quantization 'awq'"),
 ])
 def test_bad_speculative_config_is_a_config_error(spec, words):
     with pytest.raises(ConfigError, match=None) as e:

@@ -246,6 +246,7 @@ def cmd_bench_spec(a: argparse.Namespace) -> int:
         print(f"tandem: error: unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
         return 2
     spec = SpecConfig(method=a.speculative or "ngram", max_draft_tokens=8, draft_model=a.draft_model,
+                      draft_quantization=a.draft_quantization,
                       num_draft_layers=a.num_draft_layers, frontier_size=a.frontier_size,
                       early_exit_layer=a.early_exit_layer)
     llm = _make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]), speculative=spec)

@@ -58,6 +58,9 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -
     sd.add_argument("--spec-policy", choices=["adaptive", "fixed", "table", "survival", "none"], default="adaptive")
     sd.add_argument("--max-draft-tokens", type=int, default=8)
     sd.add_argument("--draft-model", default=None, help="draft model (HF dir or .gguf) for --speculative draft")
+    sd.add_argument("--draft-quantization", choices=QUANTIZATIONS, default="auto",
+                    help="the draft model's weights, as --quantization (auto: a GGUF draft stays quantized). "
+                         "A float target (--quantization none) drafted by its own GGUF is exact and faster")
     sd.add_argument("--num-draft-layers", type=int, default=None, help="layers of the target used by layerskip")
     sd.add_argument("--frontier-size", type=int, default=0, help="verify drafts in chunks of this many (0: off)")
     sd.add_argument("--early-exit-layer", type=int, default=None, help="prune predicted-rejected drafts here")
@@ -103,7 +106,8 @@ def _spec_config(a: argparse.Namespace):
         return None
 
     return SpecConfig(method=a.speculative, policy=a.spec_policy, max_draft_tokens=a.max_draft_tokens,
-                      draft_model=a.draft_model, num_draft_layers=a.num_draft_layers,
+                      draft_model=a.draft_model, draft_quantization=a.draft_quantization,
+                      num_draft_layers=a.num_draft_layers,
                       frontier_size=a.frontier_size, early_exit_layer=a.early_exit_layer,
                       overlap=a.overlap, draft_threads=a.draft_threads,
                       adaptive_frontiers=a.adaptive_frontiers)

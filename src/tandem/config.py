@@ -114,6 +114,7 @@ class SpecConfig:
     ngram_min: int = 1                  # n-gram sizes tried, longest first
     ngram_max: int = 4
     draft_model: str | None = None      # method="draft": HF dir or GGUF sharing the target's tokenizer
+    draft_quantization: str = "auto"    # the draft model's weights (QUANTIZATIONS; vLLM's "quantization")
     num_draft_layers: int | None = None  # method="layerskip": the target's first L layers (default: 1/4)
     length_table: tuple[tuple[int, int], ...] = ((1, 8), (2, 6), (4, 4), (8, 3), (16, 2), (32, 1))
     frontier_size: int = 0              # verify drafts in chunks of this many (0: all at once)
@@ -134,6 +135,8 @@ class SpecConfig:
             raise ConfigError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         if self.method == "draft" and not self.draft_model:
             raise ConfigError("speculative method 'draft' needs draft_model")
+        if self.draft_quantization not in QUANTIZATIONS:
+            raise ConfigError(f"unknown draft_quantization {self.draft_quantization!r} ({', '.join(QUANTIZATIONS)})")
         if self.num_draft_layers is not None and self.num_draft_layers < 1:
             raise ConfigError(f"num_draft_layers must be >= 1, got {self.num_draft_layers}")
         if self.frontier_size < 0:
@@ -172,7 +175,8 @@ class SpecConfig:
         if not isinstance(spec, dict):
             raise ConfigError(f"speculative config must be a JSON object, got {type(spec).__name__}")
         renames = {"num_speculative_tokens": "max_draft_tokens", "prompt_lookup_min": "ngram_min",
-                   "prompt_lookup_max": "ngram_max", "model": "draft_model"}
+                   "prompt_lookup_max": "ngram_max", "model": "draft_model",
+                   "quantization": "draft_quantization"}
         spec = dict(spec)
         method = spec.pop("method", None)
         if method == "draft_model" or (method is None and (spec.get("model") or spec.get("draft_model"))):

@@ -75,7 +75,10 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     if spec_cfg is not None:
         def load_draft(path: str):
             ddir = resolve_model(path, progress)
-            return load_model(ddir, dtype, device, max_positions=max_len), Tokenizer(ddir)
+            draft = load_model(ddir, dtype, device, max_positions=max_len)
+            log.info("draft model %s: weights %s", ddir.name,
+                     attach_quantized(draft, ddir, spec_cfg.draft_quantization, device))
+            return draft, Tokenizer(ddir)
 
         runner.spec = make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft)
         policy = make_length_policy(spec_cfg, cost)
