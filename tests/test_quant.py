@@ -222,13 +222,13 @@ def test_linear_uses_int8_then_weight_only_then_dense_by_row_count():
 
 
 @i8_quant
-def test_release_unused_float_frees_only_what_the_int8_kernel_made_unused():
+def test_release_layer_frees_only_what_the_int8_kernel_made_unused():
     """A layer whose 8-bit kernel serves every step size loses its float panels and GGUF blocks and
     computes the same; a layer that still needs the dense path above some row count keeps them."""
     import sys
 
     from tandem.models.llama import Linear
-    from tandem.models.quant import QuantWeight, release_unused_float
+    from tandem.models.quant import QuantWeight, release_layer
     from tandem.runner.kernels import CpuKernelOps
 
     model = torch.nn.Module()
@@ -246,7 +246,8 @@ def test_release_unused_float_frees_only_what_the_int8_kernel_made_unused():
     x = torch.randn(300, 128)
     before = model.served(x)
     panels = model.served._panels.numel() * 4
-    assert release_unused_float(model) == panels + 64 * 128 // 32 * 20
+    assert release_layer(model.served) == panels + 64 * 128 // 32 * 20
+    assert release_layer(model.bounded) == 0
     assert model.served._panels is None and model.served.quant.data.numel() == 0
     assert torch.equal(model.served(x), before)                         # 300 rows: still the int8 kernel
     with pytest.raises(RuntimeError, match="released"):
@@ -282,3 +283,77 @@ def test_default_model_on_its_gguf_blocks_equals_the_float_model(default_model_d
                 top = b.outputs[0].logprobs[i].top
                 assert top[0][1] - top[1][1] < 1e-3, f"difference at token {i} without a near tie"
                 break
+
+
+def _k_blocks(rng: np.random.Generator, rows: int, k: int, block_bytes: int, scale_at: list[int]) -> np.ndarray:
+    """Random K-quant rows (any bytes are valid blocks) with sane float16 scales at `scale_at`."""
+    raw = rng.integers(0, 256, (rows * k // 256, block_bytes), dtype=np.uint8)
+    for off in scale_at:
+        raw[:, off:off + 2] = rng.uniform(0.001, 0.01, (raw.shape[0], 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def test_q4_k_and_q4_0_repack_into_q4_1_blocks_of_the_same_weights():
+    import gguf
+
+    from tandem.models.quant import q4_0_to_q4_1, q4_k_to_q4_1
+
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(3)
+    raw = _k_blocks(rng, 3, 512, 144, [0, 2])                  # d, dmin
+    want = gguf.dequantize(raw, T.Q4_K)
+    got = gguf.dequantize(q4_k_to_q4_1(raw), T.Q4_1)
+    assert got.shape == want.shape == (3, 512)
+    # only the sub-blocks' scale and min are rounded to float16 (relative 2^-11 of each)
+    assert np.allclose(got, want, rtol=0, atol=2 ** -10 * np.abs(want).max())
+    w = rng.standard_normal((4, 64)).astype(np.float32)
+    q4_0 = gguf.quantize(w, T.Q4_0)
+    assert np.array_equal(gguf.dequantize(q4_0_to_q4_1(q4_0), T.Q4_1), gguf.dequantize(q4_0, T.Q4_0))
+
+
+def test_six_bit_types_are_requantized_to_q8_0_within_its_rounding():
+    import gguf
+
+    from tandem.models.quant import requant_q8_0
+
+    T = gguf.GGMLQuantizationType
+    raw = _k_blocks(np.random.default_rng(4), 5, 256, 210, [208])       # Q6_K: d last
+    want = gguf.dequantize(raw, T.Q6_K)
+    got = gguf.dequantize(requant_q8_0(raw, T.Q6_K, slab_rows=2), T.Q8_0)
+    amax = np.abs(want.reshape(5, -1, 32)).max(axis=-1, keepdims=True)
+    err = np.abs(got - want).reshape(5, -1, 32)
+    # half a step of amax / 127, plus the float16 rounding of the scale (2^-11 relative, times up to 127)
+    assert np.all(err <= amax * (1 / 254 + 2 ** -11) + 1e-7)
+    assert err.max() > 0                                                 # it is a requantization
+
+
+@needs_kernels
+def test_linear_on_q4_k_blocks_and_on_mixed_parts(monkeypatch):
+    """A Q4_K layer runs the Q4_1 kernel on its repacked blocks; a fused layer whose parts are
+    Q4_K and Q6_K (as in Q4_K_M files) runs Q8_0 on all of them."""
+    import gguf
+
+    from tandem.models.llama import Linear
+    from tandem.models.quant import attach_blocks
+    from tandem.runner.kernels import CpuKernelOps
+
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(5)
+
+    class Tensor:
+        def __init__(self, data, kind):
+            self.data, self.tensor_type = data, kind
+
+    q4k, q6k = _k_blocks(rng, 16, 256, 144, [0, 2]), _k_blocks(rng, 8, 256, 210, [208])
+    tensors = {"a": Tensor(q4k, T.Q4_K), "b": Tensor(q6k, T.Q6_K)}
+    x = torch.randn(3, 256)
+    ops = CpuKernelOps(kernels)
+    single = Linear(16, 256, False, torch.float32)
+    assert attach_blocks(single, tensors, [("a", None)], ops, "float") and single.quant.qtype == 0
+    w = torch.from_numpy(gguf.dequantize(q4k, T.Q4_K))
+    assert torch.allclose(single.forward_quant(x), x @ w.T, rtol=1e-3, atol=1e-3 * float((x @ w.T).abs().max()))
+    fused = Linear(24, 256, False, torch.float32)
+    assert attach_blocks(fused, tensors, [("a", None), ("b", None)], ops, "float") and fused.quant.qtype == 1
+    w = torch.from_numpy(np.concatenate([gguf.dequantize(q4k, T.Q4_K), gguf.dequantize(q6k, T.Q6_K)]))
+    ref = x @ w.T
+    assert torch.allclose(fused.forward_quant(x), ref, atol=2e-2 * float(ref.abs().max()))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tandem.errors import ConfigError
 
-# Weight modes (tandem.llm.attach_quantized): auto, llama.cpp's GGUF arithmetic, GGUF blocks with
+# Weight modes (tandem.llm.load_weights): auto, llama.cpp's GGUF arithmetic, GGUF blocks with
 # float activations, float weights only.
 QUANTIZATIONS = ("auto", "gguf", "gguf-float", "none")
 # The scheduling policies tandem.sched.policies builds by name (its docstring says what each does).
@@ -75,7 +75,7 @@ class ModelConfig:
     # QUANTIZATIONS: gguf keeps a GGUF model's Q4_1 / Q8_0 blocks on CPU with llama.cpp's arithmetic
     # (Q4_1 layers take activations rounded to 8 bits per block), gguf-float keeps them with float
     # activations (the float32 function), both an error where they cannot; auto is gguf where it can
-    # be, float weights elsewhere; none is float weights only (tandem.llm.attach_quantized).
+    # be, float weights elsewhere; none is float weights only (tandem.llm.load_weights).
     quantization: str = "auto"
     # Sampling defaults for requests that omit a field: auto: the model's generation_config.json;
     # vllm: none (neutral); else a folder holding a generation_config.json (tandem.models.generation_config).

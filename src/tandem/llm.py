@@ -63,8 +63,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
                                              // bytes_per_block)
     max_len = _max_model_len(model_cfg, arch.max_position_embeddings, arch.sliding_window,
                              num_blocks * cache_cfg.block_size)
-    model = load_model(model_dir, dtype, device, max_positions=max_len)
-    quant = attach_quantized(model, model_dir, model_cfg.quantization, device)
+    model, quant = load_weights(model_dir, dtype, device, max_len, model_cfg.quantization)
     sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
     num_host = int(cache_cfg.swap_space_gb * 2**30 // bytes_per_block)
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)
@@ -75,9 +74,8 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     if spec_cfg is not None:
         def load_draft(path: str):
             ddir = resolve_model(path, progress)
-            draft = load_model(ddir, dtype, device, max_positions=max_len)
-            log.info("draft model %s: weights %s", ddir.name,
-                     attach_quantized(draft, ddir, spec_cfg.draft_quantization, device))
+            draft, how = load_weights(ddir, dtype, device, max_len, spec_cfg.draft_quantization)
+            log.info("draft model %s: weights %s", ddir.name, how)
             return draft, Tokenizer(ddir)
 
         runner.spec = make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft)
@@ -134,14 +132,16 @@ def _has_paged_kernel(device: torch.device) -> bool:
 AUTO_GGUF = "gguf"
 
 
-def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
-    """Give a GGUF-converted model its quantized blocks (see tandem.models.quant); returns a
-    description for the log. "gguf" (llama.cpp's arithmetic: Q4_1 layers take x rounded to 8 bits
-    per block) and "gguf-float" (float activations: the float32 function up to summation order)
-    insist; "auto" is AUTO_GGUF where it can be done, float weights elsewhere."""
+def load_weights(model_dir, dtype: torch.dtype, device: torch.device, max_len: int, mode: str):
+    """The model, and a description of its weights for the log. A model converted from a GGUF keeps
+    its blocks (tandem.models.gguf_load) under "gguf" (llama.cpp's arithmetic: Q4_1 layers take x
+    rounded to 8 bits per block) and "gguf-float" (float activations: the float32 function up to
+    summation order), which insist; "auto" is AUTO_GGUF where it can be done, float weights
+    elsewhere; "none" is float weights."""
     if mode == "none":
-        return "float"
-    from tandem.models.quant import attach_gguf, choose_max_rows, gguf_source, release_unused_float
+        return load_model(model_dir, dtype, device, max_positions=max_len), "float"
+    from tandem.models.gguf_load import load_gguf_model
+    from tandem.models.quant import gguf_source
     from tandem.runner.kernels import make_ops
 
     source = gguf_source(model_dir)
@@ -157,15 +157,9 @@ def attach_quantized(model, model_dir, mode: str, device: torch.device) -> str:
     if why is not None:
         if mode != "auto":
             raise ConfigError(f"quantization {mode!r}: {why}")
-        return "float"
+        return load_model(model_dir, dtype, device, max_positions=max_len), "float"
     activations = "int8" if (AUTO_GGUF if mode == "auto" else mode) == "gguf" else "float"
-    n = attach_gguf(model, source, ops, activations)
-    rows = choose_max_rows(model)
-    i8 = sum(1 for m in model.modules() if getattr(getattr(m, "quant", None), "i8_max_rows", 0))
-    freed = release_unused_float(model)
-    return (f"float + {n} GGUF-quantized layers (quantized kernel up to {min(rows.values(), default=0)} rows"
-            + (f"; {i8} with 8-bit activations" if i8 else "")
-            + (f"; {freed / 2**20:.0f} MB of float weights they made unused released" if freed else "") + ")")
+    return load_gguf_model(model_dir, source, dtype, max_len, ops, activations)
 
 
 def _prompt_item(p: Any) -> tuple[str | None, list[int] | None]:

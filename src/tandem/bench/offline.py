@@ -55,7 +55,11 @@ def weight_memory(model) -> dict[str, float]:
     tensor counted once."""
     from tandem.models.llama import Linear
 
-    tensors, params = {}, model.embed.numel()
+    arch = model.cfg
+    tensors, params = {}, arch.vocab_size * arch.hidden_size      # the embedding
+    for table in (model.embed_table, model.head_table):           # GGUF rows, mapped from the file
+        if table is not None:
+            tensors[table.data.ctypes.data] = table.nbytes
     for name, p in model.named_parameters():
         if p.numel():
             tensors[p.data_ptr()] = p.numel() * p.element_size()
@@ -64,7 +68,7 @@ def weight_memory(model) -> dict[str, float]:
     for m in model.modules():
         if not isinstance(m, Linear):
             continue
-        if m is not model.lm_head or model.lm_head.weight is not model.embed:
+        if m is not model.lm_head or not arch.tie_word_embeddings:
             params += m.out_features * m.in_features
         q = m.quant
         held = [m._packed, m._panels, m._panels_bf16] + ([q.data, q.i8] if q is not None else [])

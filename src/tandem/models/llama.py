@@ -42,7 +42,7 @@ class Linear(nn.Module):
         self._kernels = None
         self.quant = None           # tandem.models.quant.QuantWeight: GGUF blocks for small steps
         self.quant_ops = None
-        self.float_released = False  # the 8-bit kernel serves every step: float weights freed (quant.release_unused_float)
+        self.float_released = False  # the 8-bit kernel serves every step: float weights freed (quant.release_layer)
 
     def prepack(self, release: bool = True) -> bool:
         """Switch to prepacked weights if a packed path is available and numerically equal.
@@ -183,6 +183,10 @@ class LlamaModel(nn.Module):
         self.dtype = dtype
         self.ops = TorchOps()
         self.embed = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        # A GGUF model's token embedding and LM head rows read from the file (tandem.models.gguf_load):
+        # tandem.models.quant.RowTable, or None (the float tensors above).
+        self.embed_table = None
+        self.head_table = None
         self.layers = nn.ModuleList(DecoderLayer(cfg, dtype) for _ in range(cfg.num_layers))
         self.norm = _param(cfg.hidden_size, dtype=dtype)
         self.lm_head = Linear(cfg.vocab_size, cfg.hidden_size, False, dtype)
@@ -206,7 +210,8 @@ class LlamaModel(nn.Module):
         ops, eps = self.ops, self.cfg.rms_norm_eps
         layers = self.layers if num_layers is None else self.layers[:num_layers]
         rope = (self.rope_cos, self.rope_sin, positions)
-        x = F.embedding(input_ids, self.embed)                            # the residual stream [N, hidden]
+        x = self.embed_table.rows(input_ids) if self.embed_table is not None else \
+            F.embedding(input_ids, self.embed)                            # the residual stream [N, hidden]
         h = ops.add_rms_norm(x, None, layers[0].input_norm, eps)
         for i, layer in enumerate(layers):
             h = ops.add_rms_norm(x, layer.attention(h, rope, attn, meta, i, ops), layer.post_norm, eps)
@@ -224,6 +229,21 @@ class LlamaModel(nn.Module):
             else:
                 x.add_(out)
         return x
+
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the LM head's weight matrix, [len(ids), hidden], wherever they are kept:
+        the plain weight, the GGUF rows, the tied embedding, or the float32 panels (16 rows of
+        [N/16, K, 16] each); a RuntimeError for a head kept only in another packed layout."""
+        head = self.lm_head
+        if head.weight.numel():
+            return head.weight.index_select(0, ids)
+        if self.head_table is not None:
+            return self.head_table.rows(ids).to(self.embed.device)
+        if self.cfg.tie_word_embeddings and self.embed.numel():
+            return self.embed.index_select(0, ids)
+        if head._panels is not None:
+            return head._panels[ids // 16, :, ids % 16]
+        raise RuntimeError("the LM head's rows are not kept in a readable layout (bfloat16 panels or oneDNN's)")
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on selected rows: [M, hidden] -> [M, vocab] (float32)."""

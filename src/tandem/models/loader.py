@@ -144,26 +144,35 @@ def _fill_globals(model: LlamaModel, a: ArchConfig, w: _Weights) -> None:
         model.lm_head.weight.data = w.get("lm_head.weight", (a.vocab_size, h))
 
 
-def _fill_layer(layer, i: int, a: ArchConfig, w: _Weights) -> None:
-    h, d = a.hidden_size, a.head_dim
-    qkv_shapes = [(a.q_size, h), (a.kv_size, h), (a.kv_size, h)]
-    p = f"model.layers.{i}."
+def linear_parts(a: ArchConfig, i: int) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
+    """Layer i's fused linear layers (attribute name) -> the Hugging Face weights stacked into each,
+    with their shapes (biases: the same names with "bias", where the architecture has them)."""
+    h, p, ff = a.hidden_size, f"model.layers.{i}.", a.intermediate_size
+    return {"qkv": [(p + f"self_attn.{x}_proj.weight", (n, h)) for x, n in (("q", a.q_size), ("k", a.kv_size),
+                                                                            ("v", a.kv_size))],
+            "o": [(p + "self_attn.o_proj.weight", (h, a.q_size))],
+            "gate_up": [(p + "mlp.gate_proj.weight", (ff, h)), (p + "mlp.up_proj.weight", (ff, h))],
+            "down": [(p + "mlp.down_proj.weight", (h, ff))]}
+
+
+def fill_linear(linear: Linear, parts: list[tuple[str, tuple[int, ...]]], w: _Weights, weight: bool = True) -> None:
+    """Read a (fused) linear layer's weight (unless `weight` is False), and its bias if it has one, from `w`."""
+    if weight:
+        linear.weight.data = w.cat([n for n, _ in parts], [s for _, s in parts])
+    if linear.bias is not None:
+        linear.bias.data = w.cat([n[:-len("weight")] + "bias" for n, _ in parts], [s[:1] for _, s in parts])
+
+
+def fill_norms(layer, i: int, a: ArchConfig, w: _Weights) -> None:
+    h, d, p = a.hidden_size, a.head_dim, f"model.layers.{i}."
     layer.input_norm.data = w.get(p + "input_layernorm.weight", (h,))
     layer.post_norm.data = w.get(p + "post_attention_layernorm.weight", (h,))
-    names = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
-    layer.qkv.weight.data = w.cat(names, qkv_shapes)
-    if a.qkv_bias:
-        layer.qkv.bias.data = w.cat([n.replace("weight", "bias") for n in names],
-                                    [(a.q_size,), (a.kv_size,), (a.kv_size,)])
-    layer.o.weight.data = w.get(p + "self_attn.o_proj.weight", (h, a.q_size))
-    if a.o_bias:
-        layer.o.bias.data = w.get(p + "self_attn.o_proj.bias", (h,))
     if a.qk_norm:
         layer.q_norm.data = w.get(p + "self_attn.q_norm.weight", (d,))
         layer.k_norm.data = w.get(p + "self_attn.k_norm.weight", (d,))
-    ff = a.intermediate_size
-    layer.gate_up.weight.data = w.cat([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], [(ff, h), (ff, h)])
-    layer.down.weight.data = w.get(p + "mlp.down_proj.weight", (h, ff))
-    if a.mlp_bias:
-        layer.gate_up.bias.data = w.cat([p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"], [(ff,), (ff,)])
-        layer.down.bias.data = w.get(p + "mlp.down_proj.bias", (h,))
+
+
+def _fill_layer(layer, i: int, a: ArchConfig, w: _Weights) -> None:
+    fill_norms(layer, i, a, w)
+    for attr, parts in linear_parts(a, i).items():
+        fill_linear(getattr(layer, attr), parts, w)

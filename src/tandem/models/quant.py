@@ -1,28 +1,28 @@
-"""GGUF weights kept quantized for small batches (weight-only Q4_1 / Q8_0 linear layers on CPU).
+"""GGUF weights kept quantized (weight-only Q4_1 / Q8_0 linear layers, and the 8-bit-activation kernel, on CPU).
 
 A decode step at a few rows streams every weight once and does little arithmetic per byte, so its
 time is the bytes it reads: Q4_1 is 20 bytes per 32 weights, 6.4x fewer than float32. When a model
-comes from a GGUF file, each linear layer whose GGUF tensor is Q4_1 or Q8_0 also keeps those
-blocks (read straight from the file, Q/K rows un-permuted like the converter does) and runs the
-fused kernel for steps of up to `max_rows` rows; larger steps (prefill chunks, big decode batches)
-are compute-bound and use the float weights. In a bfloat16 model on a CPU with AVX512-BF16 the
-blocks are repacked at load for `quant_linear_bf16` (csrc/quant_bf16.cpp: the integer q values
-times bfloat16 activations on VDPBF16PS, the scales applied per block in float32, so no weight is
-rounded); otherwise `quant_linear` (csrc/cpu_ops.cpp) decodes them to float32. The float32 weights
-are exactly the blocks' values (the converter dequantizes the same blocks), so the quantized and
-float32 paths compute the same function up to summation order; a bfloat16 model's dense weights
-are those values rounded to bfloat16, which the quantized path avoids. `max_rows` is measured per
-weight shape at load on this CPU (`choose_max_rows`): the largest row count at which the quantized
-kernel still wins.
+comes from a GGUF file, each linear layer whose GGUF tensor is Q4_1 or Q8_0 gets those blocks
+(`attach_blocks`: read straight from the file, Q/K rows un-permuted like the converter does), and
+tandem.models.gguf_load decides per weight shape which kernel runs which step size and whether
+the layer holds float weights at all. In a bfloat16 model on a CPU with AVX512-BF16 the blocks are
+repacked for `quant_linear_bf16` (csrc/quant_bf16.cpp: the integer q values times bfloat16
+activations on VDPBF16PS, the scales applied per block in float32, so no weight is rounded);
+otherwise `quant_linear` (csrc/cpu_ops.cpp) decodes them to float32. The float32 weights are
+exactly the blocks' values (the converter dequantizes the same blocks), so the weight-only and
+float32 paths compute the same function up to summation order. `max_rows` is measured per weight
+shape at load on this CPU (`choose_rows`): the largest row count at which the quantized kernel
+still wins.
 
 With `activations="int8"` (quantization "gguf", llama.cpp's arithmetic) the Q4_1 and Q8_0 layers of
 a float32 model (the default model's LM head is its Q8_0 embedding table) are also repacked for
 `quant_linear_i8` (csrc/quant_i8.cpp): each call rounds x to 8 bits per block of 32 (Q8_1 / Q8_0),
 as llama.cpp and vLLM's GGUF kernels do, and runs an integer dot product (VPMADDUBSW) that does
-four times the multiply-adds of a float32 FMA per instruction. That is not
-the float32 function any more (relative error ~0.5% per layer, from the rounding of x), so it is
-a mode of its own; `choose_max_rows` measures up to which row count it wins (`i8_max_rows`), which
-on a 2-core AVX2 EPYC is every step size, prefill included.
+four times the multiply-adds of a float32 FMA per instruction. That is not the float32 function
+any more (relative error ~0.5% per layer, from the rounding of x), so it is a mode of its own;
+`choose_rows` measures up to which row count it wins (`i8_max_rows`), which on a 2-core AVX2 EPYC
+is every step size, prefill included: such a layer holds no float weights (`release_layer`).
+`RowTable` reads a GGUF matrix's rows from the file for the embedding lookup and the LM head's rows.
 """
 
 from __future__ import annotations
@@ -83,141 +83,224 @@ def gguf_source(model_dir: Path) -> Path | None:
     return None
 
 
-def _blocks(tensors: dict, name: str) -> tuple[np.ndarray, int] | None:
+# GGUF types the kernels take after a repack at load, one tensor at a time: to Q4_1 records exactly
+# (Q4_0: m = -8 d; Q4_K: each 32-weight sub-block's 6-bit scale and min folded into a Q4_1 block's
+# float16 d and m, rounded to float16 as the only change), or, for 5- and 6-bit types, requantized
+# to Q8_0 (8 bits per weight, one scale per 32; the rounding adds ~1/254 of a block's largest weight).
+REPACKED = {"Q4_0": 0, "Q4_K": 0, "Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 1}
+
+
+def _blocks(tensors: dict, name: str, want: int | None = None) -> tuple[np.ndarray, int] | None:
+    """The tensor's rows as kernel blocks (uint8 [rows, bytes]) and their QTYPES value: as stored
+    (Q4_1, Q8_0), repacked (REPACKED), or requantized to Q8_0 when `want` is 1; None if the type
+    has no kernel."""
     t = tensors.get(name)
-    if t is None or t.tensor_type.name not in QTYPES:
+    if t is None:
         return None
-    return np.asarray(t.data), QTYPES[t.tensor_type.name]
+    kind = t.tensor_type.name
+    if kind not in QTYPES and kind not in REPACKED:
+        return None
+    qtype = QTYPES.get(kind, REPACKED.get(kind))
+    if want == 1 and qtype != 1:
+        return requant_q8_0(np.asarray(t.data), t.tensor_type), 1
+    if kind == "Q4_0":
+        return q4_0_to_q4_1(np.asarray(t.data)), 0
+    if kind == "Q4_K":
+        return q4_k_to_q4_1(np.asarray(t.data)), 0
+    if qtype == 1 and kind != "Q8_0":
+        return requant_q8_0(np.asarray(t.data), t.tensor_type), 1
+    return np.asarray(t.data), qtype
 
 
-def attach_gguf(model, gguf_path: Path, ops, activations: str = "float") -> int:
-    """Give the model's linear layers their GGUF blocks; returns how many layers got them.
-    A fused layer (qkv, gate_up) gets blocks only if all its parts share one supported type.
-    `activations` "int8" also packs the layers of a float32 model for `quant_linear_i8`."""
+def q4_0_to_q4_1(rows: np.ndarray) -> np.ndarray:
+    """Q4_0 rows (18-byte blocks: d, 16 bytes of q; w = d (q - 8)) as Q4_1 (d, m = -8 d, the same q): exact."""
+    n = rows.shape[0]
+    b = rows.reshape(-1, 18)
+    d = b[:, :2].view(np.float16)
+    m = (d.astype(np.float32) * -8).astype(np.float16)
+    return np.concatenate([b[:, :2], m.view(np.uint8), b[:, 2:]], axis=1).reshape(n, -1)
+
+
+def q4_k_to_q4_1(rows: np.ndarray) -> np.ndarray:
+    """Q4_K rows (144-byte super-blocks of 256 weights: float16 d and dmin, 12 bytes of 6-bit scales
+    and mins for 8 sub-blocks, 128 bytes of q; w = d sc_j q - dmin m_j) as Q4_1 blocks, one per
+    sub-block (d' = d sc_j, m' = -dmin m_j in float16, the same q). gguf's own unpacking of the
+    scales; the nibbles move from Q4_K's order (sub-blocks 2c and 2c+1 share 32 bytes, low and
+    high nibbles) to Q4_1's (weights l and l+16 share a byte)."""
     import gguf
 
+    n = rows.shape[0]
+    b = rows.reshape(-1, 144)
+    d = b[:, 0:2].view(np.float16).astype(np.float32)
+    dmin = b[:, 2:4].view(np.float16).astype(np.float32)
+    sc, mn = gguf.quants.Q4_K.get_scale_min(b[:, 4:16])                    # [B, 8] each
+    d_sub = (d * sc.astype(np.float32)).astype(np.float16)
+    m_sub = (-dmin * mn.astype(np.float32)).astype(np.float16)
+    q = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (q & np.uint8(0x0F)).reshape(-1, 8, 32)                            # [B, sub-block, weight]
+    packed = q[..., :16] | (q[..., 16:] << np.uint8(4))
+    out = np.concatenate([d_sub.view(np.uint8).reshape(-1, 8, 2), m_sub.view(np.uint8).reshape(-1, 8, 2), packed],
+                         axis=2)
+    return out.reshape(n, -1)
+
+
+def requant_q8_0(rows: np.ndarray, tensor_type, slab_rows: int = 1024) -> np.ndarray:
+    """Any GGUF type's rows requantized to Q8_0, a slab of rows at a time (so the float values of
+    at most `slab_rows` rows exist at once)."""
+    import gguf
+
+    out = [gguf.quantize(gguf.dequantize(rows[i:i + slab_rows], tensor_type).astype(np.float32),
+                         gguf.GGMLQuantizationType.Q8_0) for i in range(0, rows.shape[0], slab_rows)]
+    return np.concatenate(out, axis=0)
+
+
+def gguf_parts(arch, i: int) -> dict[str, list[tuple[str, int | None]]]:
+    """Layer i's fused linear layers (attribute name) -> their GGUF tensors, each with the head
+    count whose Q/K row permutation (llama.cpp's, for Llama's RoPE) is undone, or None."""
+    p, llama = f"blk.{i}.", arch.model_type == "llama"
+    return {"qkv": [(p + "attn_q.weight", arch.num_heads if llama else None),
+                    (p + "attn_k.weight", arch.num_kv_heads if llama else None), (p + "attn_v.weight", None)],
+            "o": [(p + "attn_output.weight", None)],
+            "gate_up": [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)],
+            "down": [(p + "ffn_down.weight", None)]}
+
+
+def head_tensor(tensors: dict) -> str:
+    """The GGUF tensor of the LM head: output.weight, or the token embedding a tied model reuses."""
+    return "output.weight" if "output.weight" in tensors else "token_embd.weight"
+
+
+def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], ops, activations: str) -> bool:
+    """Give `linear` the GGUF blocks of `parts` (stacked in order), in the layout its dtype and
+    `activations` ("int8" also packs a float32 layer for `quant_linear_i8`) want; False, and
+    nothing attached, unless every part is one supported type and the shapes fit."""
     from tandem.models.gguf_convert import unpermute_qk
 
-    tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
-    arch = model.cfg
-    int8_ready = getattr(ops, "i8_linear_available", lambda: False)()
-    permute = arch.model_type == "llama"
-    count = 0
-
-    def attach(linear, parts: list[tuple[str, int | None]]) -> None:
-        nonlocal count
-        got = [_blocks(tensors, name) for name, _ in parts]
-        if any(g is None for g in got) or len({g[1] for g in got}) != 1:
-            return
-        rows = [unpermute_qk(g[0], heads) if heads else g[0] for g, (_, heads) in zip(got, parts)]
-        data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
-        k = linear.in_features
-        if data.shape[0] != linear.out_features or data.shape[1] != k // 32 * (20 if got[0][1] == 0 else 34):
-            return
-        qtype = got[0][1]
-        if linear.dtype == torch.bfloat16 and getattr(ops, "bf16_linear_available", lambda: False)():
-            linear.quant = QuantWeight(ops.quant_pack_bf16(data, qtype, linear.out_features, k), qtype, k,
-                                       packed_bf16=True)
-        else:
-            linear.quant = QuantWeight(data, qtype, k)
-            if activations == "int8" and int8_ready and linear.dtype == torch.float32:
-                linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k, qtype)
-        linear.quant_ops = ops
-        count += 1
-
-    for i, layer in enumerate(model.layers):
-        p = f"blk.{i}."
-        attach(layer.qkv, [(p + "attn_q.weight", arch.num_heads if permute else None),
-                           (p + "attn_k.weight", arch.num_kv_heads if permute else None),
-                           (p + "attn_v.weight", None)])
-        attach(layer.o, [(p + "attn_output.weight", None)])
-        attach(layer.gate_up, [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)])
-        attach(layer.down, [(p + "ffn_down.weight", None)])
-    head = "output.weight" if not arch.tie_word_embeddings and _blocks(tensors, "output.weight") else "token_embd.weight"
-    attach(model.lm_head, [(head, None)])
-    return count
+    got = [_blocks(tensors, name) for name, _ in parts]
+    if any(g is None for g in got):
+        return False
+    if len({g[1] for g in got}) != 1:                   # mixed (Q4_K_M's Q4_K q/k with Q6_K v): all Q8_0
+        got = [_blocks(tensors, name, want=1) for name, _ in parts]
+    rows = [unpermute_qk(g[0], heads) if heads else g[0] for g, (_, heads) in zip(got, parts)]
+    data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
+    k, qtype = linear.in_features, got[0][1]
+    if data.shape[0] != linear.out_features or data.shape[1] != k // 32 * (20 if qtype == 0 else 34):
+        return False
+    if linear.dtype == torch.bfloat16 and getattr(ops, "bf16_linear_available", lambda: False)():
+        linear.quant = QuantWeight(ops.quant_pack_bf16(data, qtype, linear.out_features, k), qtype, k,
+                                   packed_bf16=True)
+    else:
+        linear.quant = QuantWeight(data, qtype, k)
+        if activations == "int8" and getattr(ops, "i8_linear_available", lambda: False)() \
+                and linear.dtype == torch.float32:
+            linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k, qtype)
+    linear.quant_ops = ops
+    return True
 
 
-def choose_max_rows(model, repeats: int = 3) -> dict[tuple[int, int], int]:
-    """Per weight shape, the largest row count (of a few) at which the quantized kernel beats the
-    float32 path on this CPU; set on every layer of that shape. Where the layers also have int8
-    records, `i8_max_rows` is the largest row count up to which `quant_linear_i8` beats both (at
-    every probed count; past the largest probe if it still wins there). Each timing runs the
-    shape's layers one after another, as a step does, so the float weights come from memory, not
-    from a cache that one layer timed alone would stay in. Takes a second or two."""
-    from tandem.models.llama import Linear
-
-    by_shape: dict[tuple[int, int], list] = {}
-    for m in model.modules():
-        if isinstance(m, Linear) and getattr(m, "quant", None) is not None:
-            by_shape.setdefault((m.out_features, m.in_features), []).append(m)
-    chosen = {}
-    for shape, layers in by_shape.items():
-        best = 0
-        for rows in _ROWS:
-            x = torch.randn(rows, shape[1], dtype=layers[0].dtype)
-            q = _time(lambda: [m.forward_quant(x) for m in layers], repeats)
-            f = _time(lambda: [m.forward_dense(x) for m in layers], repeats)
-            if q < f:
-                best = rows
-            elif rows >= 8:
+def choose_rows(layers: list, repeats: int = 3, cold: bool = True) -> tuple[int, int]:
+    """For layers of one weight shape: the largest row count (of a few) at which the weight-only
+    quantized kernel beats the float path on this CPU (`max_rows`), and, where the layers have int8
+    records, the largest up to which `quant_linear_i8` beats both at every probed count
+    (`i8_max_rows`; sys.maxsize past the largest probe if it still wins there). `cold` times each
+    call after evicting the caches (`_Evict`), so one layer's weights come from memory as every
+    layer's do in a step; takes a fraction of a second per shape."""
+    evict = _Evict() if cold else None
+    timer = (lambda fn: _time(fn, repeats, evict))
+    k, dtype = layers[0].in_features, layers[0].dtype
+    best = 0
+    for rows in _ROWS:
+        x = torch.randn(rows, k, dtype=dtype)
+        if timer(lambda: [m.forward_quant(x) for m in layers]) < timer(lambda: [m.forward_dense(x) for m in layers]):
+            best = rows
+        elif rows >= 8:
+            break
+    i8_best = 0
+    if all(m.quant.i8 is not None for m in layers):
+        for rows in _I8_ROWS:
+            x = torch.randn(rows, k, dtype=dtype)
+            some = layers if rows < _I8_COMPUTE_ROWS else layers[:4]
+            i = timer(lambda: [m.forward_i8(x) for m in some])
+            other = (timer(lambda: [m.forward_quant(x) for m in some]) if rows <= best
+                     else timer(lambda: [m.forward_dense(x) for m in some]))
+            if i >= other:
                 break
-        i8_best = 0
-        if all(m.quant.i8 is not None for m in layers):
-            for rows in _I8_ROWS:
-                x = torch.randn(rows, shape[1], dtype=layers[0].dtype)
-                some = layers if rows < _I8_COMPUTE_ROWS else layers[:4]
-                i = _time(lambda: [m.forward_i8(x) for m in some], repeats)
-                other = (_time(lambda: [m.forward_quant(x) for m in some], repeats) if rows <= best
-                         else _time(lambda: [m.forward_dense(x) for m in some], repeats))
-                if i >= other:
-                    break
-                i8_best = rows if rows < _I8_ROWS[-1] else sys.maxsize
-        for m in layers:
-            m.quant.max_rows = best
-            m.quant.i8_max_rows = i8_best
-        chosen[shape] = best
-        if i8_best:
-            log.info("int8 kernel for %s up to %s rows", shape, "any number of" if i8_best == sys.maxsize else i8_best)
-    log.info("quantized kernel up to rows per shape: %s", chosen)
-    return chosen
+            i8_best = rows if rows < _I8_ROWS[-1] else sys.maxsize
+    return best, i8_best
 
 
-def release_unused_float(model) -> int:
+def release_layer(m) -> int:
     """Free what a layer whose 8-bit kernel serves every step size (`i8_max_rows` unbounded, as
-    `choose_max_rows` finds on an AVX2 CPU) never reads again: its float32 weights in every layout
-    and the GGUF blocks of the weight-only kernel. The embedding table stays (a lookup reads it), so
-    a tied LM head keeps its weight and loses only its packed copy. Returns the bytes freed. The
-    default model goes from 6.15 to 1.56 bytes a parameter on an AVX2 EPYC (a 7B Q4 model would otherwise hold
-    ~28 GB of float32 next to its 4 GB of blocks)."""
-    from tandem.models.llama import Linear
-
+    `choose_rows` finds on an AVX2 CPU) never reads again: its float weights in every layout and
+    the GGUF blocks of the weight-only kernel. Returns the bytes freed; the layer's dense paths
+    raise a clear error from then on."""
+    q = m.quant
+    if q is None or q.i8 is None or q.i8_max_rows != sys.maxsize:
+        return 0
     freed = 0
-    for m in model.modules():
-        q = getattr(m, "quant", None)
-        if not isinstance(m, Linear) or q is None or q.i8 is None or q.i8_max_rows != sys.maxsize:
-            continue
-        for name in ("_packed", "_panels", "_panels_bf16"):
-            t = getattr(m, name)
-            if isinstance(t, torch.Tensor):
-                freed += t.numel() * t.element_size()
-                setattr(m, name, None)
-        if m.weight is not getattr(model, "embed", None) and m.weight.numel():
-            freed += m.weight.numel() * m.weight.element_size()
-            m.weight.data = torch.empty(0, dtype=m.weight.dtype)
-        freed += q.data.numel() * q.data.element_size()
-        q.data = torch.empty(0, dtype=torch.uint8)
-        q.max_rows = 0
-        m.float_released = True
-    if freed:
-        log.info("released %.0f MB of float weights the 8-bit kernel made unused", freed / 2**20)
+    for name in ("_packed", "_panels", "_panels_bf16"):
+        t = getattr(m, name)
+        if isinstance(t, torch.Tensor):
+            freed += t.numel() * t.element_size()
+            setattr(m, name, None)
+    if m.weight.numel():
+        freed += m.weight.numel() * m.weight.element_size()
+    m.weight = torch.nn.Parameter(torch.empty(0, dtype=m.weight.dtype), requires_grad=False)   # untied, if it was
+    freed += q.data.numel() * q.data.element_size()
+    q.data = torch.empty(0, dtype=torch.uint8)
+    q.max_rows = 0
+    m.float_released = True
     return freed
 
 
-def _time(fn, repeats: int) -> float:
+class RowTable:
+    """Rows of a GGUF matrix as the file stores them (memory-mapped: only the rows read become
+    resident), dequantized when asked for: the token embedding without a float copy of the table,
+    and the LM head's rows where its float weights were released."""
+
+    def __init__(self, tensor, dtype: torch.dtype) -> None:
+        self.data = np.asarray(tensor.data)          # [rows, bytes per row] (quantized) or [rows, width]
+        self.qtype = tensor.tensor_type
+        self.dtype = dtype
+        self.num_rows = int(tensor.shape[-1])
+        self.width = int(tensor.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        import gguf
+
+        idx = ids.detach().cpu().numpy()
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_rows):
+            raise IndexError(f"row index out of range [0, {self.num_rows})")
+        out = gguf.dequantize(self.data[idx.reshape(-1)], self.qtype).reshape(*idx.shape, self.width)
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(self.dtype)
+
+
+class _Evict:
+    """Evicts the CPU caches by writing a buffer twice the last-level cache (64 MB if unknown)."""
+
+    def __init__(self) -> None:
+        size = 32 * 2**20
+        try:
+            text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+            size = int(text[:-1]) * {"K": 2**10, "M": 2**20}[text[-1]] if text[-1] in "KM" else int(text)
+        except (OSError, ValueError, IndexError):
+            pass
+        self.buf = torch.empty(min(2 * size, 2**28), dtype=torch.uint8)
+
+    def __call__(self) -> None:
+        self.buf.fill_(1)
+
+
+def _time(fn, repeats: int, evict=None) -> float:
     fn()
     times = []
     for _ in range(repeats):
+        if evict is not None:
+            evict()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

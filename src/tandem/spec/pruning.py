@@ -47,10 +47,9 @@ class EarlyExit:
         k = min(self.shortlist_size, int((self.counts > 0).sum()))
         short = torch.topk(self.counts, k).indices if k else torch.empty(0, dtype=torch.long)
         cand = torch.unique(torch.cat([short, torch.tensor(extra + next_tokens, dtype=torch.long)]))
-        weight = m.lm_head.weight if m.lm_head.weight.numel() else m.embed
         hn = m.ops.add_rms_norm(h.contiguous(), None, m.norm, m.cfg.rms_norm_eps)
-        scores = hn @ weight.index_select(0, cand.to(weight.device)).t()               # [M, |cand|]
-        own = (hn * weight.index_select(0, torch.tensor(next_tokens, device=weight.device))).sum(-1, keepdim=True)
+        scores = hn @ m.head_rows(cand.to(hn.device)).t()                               # [M, |cand|]
+        own = (hn * m.head_rows(torch.tensor(next_tokens, device=hn.device))).sum(-1, keepdim=True)
         rank = (scores > own).sum(-1)
         self.num_checked += len(next_tokens)
         out = (rank >= self.topk).tolist()

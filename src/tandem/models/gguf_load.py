@@ -1,0 +1,105 @@
+"""Load a model converted from a GGUF file with its weights kept quantized, one tensor at a time.
+
+The converted directory (tandem.models.gguf_convert) holds the config, the tokenizer and the
+float32 values of every tensor; the GGUF file holds the blocks. Each linear layer gets its blocks
+straight from the file (`quant.attach_blocks`); the first layer of each weight shape also loads its
+float weights and times the kernels on this CPU (`quant.choose_rows`), and that decides the whole
+shape: where the 8-bit kernel serves every step size (on a 2-core AVX2 EPYC: every shape, prefill
+included) no layer of the shape ever holds float weights again; elsewhere each layer reads its
+float weights too, as the dense path needs them for large steps. The token embedding is looked up
+from the file's rows (`quant.RowTable`), never expanded to a float table. So the load holds at
+most one float32 tensor beyond what the model keeps: a 7B Q4 file needs its ~4 GB of blocks, not
+the ~28 GB of float32 the directory describes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from tandem.errors import ModelLoadError
+from tandem.models.llama import Linear, LlamaModel
+from tandem.models.loader import _Weights, fill_linear, fill_norms, linear_parts, load_arch
+from tandem.models.quant import RowTable, attach_blocks, choose_rows, gguf_parts, head_tensor, release_layer
+
+log = logging.getLogger("tandem.quant")
+
+
+def load_gguf_model(model_dir: Path, source: Path, dtype: torch.dtype, max_positions: int, ops,
+                    activations: str) -> tuple[LlamaModel, str]:
+    """The model of `model_dir` on CPU, its linear layers on the blocks of `source` (the GGUF it
+    was converted from); returns it with a description for the log. `activations`: "int8"
+    (llama.cpp's arithmetic) or "float" (the float32 function, up to summation order)."""
+    import gguf
+
+    arch = load_arch(model_dir)
+    w = _Weights(model_dir, dtype)
+    try:
+        tensors = {t.name: t for t in gguf.GGUFReader(str(source)).tensors}
+    except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on damage
+        raise ModelLoadError(f"corrupt or truncated GGUF file {source}: {e}") from e
+    model = LlamaModel(arch, dtype, max_positions)
+    for m in model.modules():                      # nothing float is read unless a layer needs it
+        if isinstance(m, Linear):
+            m.weight.data = torch.empty(0, dtype=dtype)
+    model.embed.data = torch.empty(0, dtype=dtype)
+    model.norm.data = w.get("model.norm.weight", (arch.hidden_size,))
+    model.embed_table = RowTable(tensors["token_embd.weight"], dtype)
+    model.head_table = RowTable(tensors[head_tensor(tensors)], dtype)
+    loader = _LinearLoader(tensors, w, ops, activations)
+    for i, layer in enumerate(model.layers):
+        fill_norms(layer, i, arch, w)
+        hf = linear_parts(arch, i)
+        for attr, parts in gguf_parts(arch, i).items():
+            loader.load(getattr(layer, attr), parts, hf[attr])
+    if not arch.tie_word_embeddings:
+        head_hf = [("lm_head.weight", (arch.vocab_size, arch.hidden_size))]
+    else:
+        head_hf = [("model.embed_tokens.weight", (arch.vocab_size, arch.hidden_size))]
+        model.lm_head.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)   # untied
+    loader.load(model.lm_head, [(head_tensor(tensors), None)], head_hf)
+    model.eval()
+    return model, loader.describe()
+
+
+class _LinearLoader:
+    def __init__(self, tensors: dict, w: _Weights, ops, activations: str) -> None:
+        self.tensors, self.w, self.ops, self.activations = tensors, w, ops, activations
+        self.rows: dict[tuple[int, int], tuple[int, int]] = {}     # shape -> (max_rows, i8_max_rows)
+        self.num_quantized = self.num_i8 = self.num_float = 0
+
+    def load(self, linear: Linear, parts: list[tuple[str, int | None]], hf_parts: list) -> None:
+        if not attach_blocks(linear, self.tensors, parts, self.ops, self.activations):
+            self._dense(linear, hf_parts)                  # a type without a kernel: float weights
+            self.num_float += 1
+            return
+        self.num_quantized += 1
+        shape = (linear.out_features, linear.in_features)
+        probe = shape not in self.rows
+        if probe:
+            self._dense(linear, hf_parts)
+            self.rows[shape] = choose_rows([linear])
+            log.info("quantized kernels for %s: weight-only up to %d rows, 8-bit up to %s", shape,
+                     self.rows[shape][0], "any number of" if self.rows[shape][1] == sys.maxsize else self.rows[shape][1])
+        linear.quant.max_rows, linear.quant.i8_max_rows = self.rows[shape]
+        if linear.quant.i8 is not None and linear.quant.i8_max_rows == sys.maxsize:
+            self.num_i8 += 1
+            release_layer(linear)
+            if not probe and linear.bias is not None:
+                fill_linear(linear, hf_parts, self.w, weight=False)
+        elif not probe:
+            self._dense(linear, hf_parts)
+
+    def _dense(self, linear: Linear, hf_parts: list) -> None:
+        fill_linear(linear, hf_parts, self.w)
+        linear.prepack()
+
+    def describe(self) -> str:
+        rows = [r for r, _ in self.rows.values()]
+        return (f"GGUF blocks in {self.num_quantized} linear layers, loaded a tensor at a time "
+                f"(weight-only kernel up to {min(rows, default=0)} rows; {self.num_i8} on the 8-bit kernel at "
+                f"every step size, holding no float weights; {self.num_quantized - self.num_i8} with float weights too; "
+                f"{self.num_float} float only)")

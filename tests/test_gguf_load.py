@@ -1,0 +1,124 @@
+"""Loading a GGUF model with its blocks (tandem.models.gguf_load): a tensor at a time, float weights
+read only where a layer keeps them, and the same function as the float model with the same blocks
+attached. The kernel choice (`choose_rows`, timed on the CPU) is fixed here, so the verdicts hold
+on any machine."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from tandem.runner.kernels import load_cpu_kernels, make_ops
+
+kernels = load_cpu_kernels()
+pytestmark = pytest.mark.skipif(kernels is None or not kernels.i8_linear_available(),
+                                reason="the 8-bit kernel needs Tandem's CPU kernels on an AVX2 CPU")
+
+
+@pytest.fixture(scope="module", params=[("llama", "Q4_1"), ("qwen2", "Q8_0")], ids=["llama-q4_1", "qwen2-q8_0"])
+def converted(request, tiny_models, tmp_path_factory):
+    import gguf
+
+    from tandem.models.gguf_convert import convert_gguf
+    from test_gguf import write_gguf
+
+    arch, qtype = request.param
+    tmp = tmp_path_factory.mktemp(f"gguf-load-{arch}")
+    path = write_gguf(tiny_models[arch], tmp / f"{arch}.gguf", arch, getattr(gguf.GGMLQuantizationType, qtype))
+    return convert_gguf(path, tmp / "converted", progress=False), path
+
+
+def _load(converted, monkeypatch, rows: tuple[int, int]):
+    """load_gguf_model with the kernel choice fixed to `rows`; also the float tensors it read."""
+    from tandem.models import gguf_load, loader
+
+    reads: list[str] = []
+    get = loader._Weights.get
+
+    def recording(self, name, shape):
+        reads.append(name)
+        return get(self, name, shape)
+
+    monkeypatch.setattr(loader._Weights, "get", recording)
+    monkeypatch.setattr(gguf_load, "choose_rows", lambda layers: rows)
+    model_dir, source = converted
+    model, _ = gguf_load.load_gguf_model(model_dir, source, torch.float32, 64, make_ops(torch.device("cpu")), "int8")
+    monkeypatch.setattr(loader._Weights, "get", get)
+    return model, reads
+
+
+def _reference(converted, i8_max_rows: int):
+    """The float model (every tensor read) with the GGUF blocks attached to every linear layer."""
+    import gguf
+
+    from tandem.models.llama import Linear
+    from tandem.models.loader import load_model
+    from tandem.models.quant import attach_blocks, gguf_parts, head_tensor
+
+    model_dir, source = converted
+    model = load_model(model_dir, torch.float32, torch.device("cpu"), 64)
+    tensors = {t.name: t for t in gguf.GGUFReader(str(source)).tensors}
+    ops = make_ops(torch.device("cpu"))
+    for i, layer in enumerate(model.layers):
+        for attr, parts in gguf_parts(model.cfg, i).items():
+            assert attach_blocks(getattr(layer, attr), tensors, parts, ops, "int8")
+    assert attach_blocks(model.lm_head, tensors, [(head_tensor(tensors), None)], ops, "int8")
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.quant.max_rows, m.quant.i8_max_rows = 0, i8_max_rows
+    return model
+
+
+def _hidden_and_logits(model, ids: torch.Tensor):
+    """The model's first layers' input (the embedding rows) and its logits, attention-free: one
+    token per position 0 (no KV needed beyond a throwaway cache)."""
+    from tandem.runner.attention import AttentionBackend, PagedKVCache
+    from tandem.runner.inputs import build_inputs
+    from tandem.types import ScheduledSeq, StepPlan
+    from tandem.sampling_params import SamplingParams
+
+    cfg = model.cfg
+    model.ops = make_ops(torch.device("cpu"))
+    cache = PagedKVCache(cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
+    attn = AttentionBackend(cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops)
+    seq = ScheduledSeq("r", ids.tolist(), 0, [0, 1], True, SamplingParams(), 0, ())
+    inputs = build_inputs(StepPlan([seq]), 16, torch.device("cpu"), attn.kernel is not None)
+    hidden = model(inputs.input_ids, inputs.positions, attn, inputs.meta)
+    return model.compute_logits(hidden)
+
+
+def test_int8_everywhere_reads_one_float_tensor_per_shape_and_keeps_none(converted, monkeypatch):
+    from tandem.models.llama import Linear
+
+    model, reads = _load(converted, monkeypatch, (0, sys.maxsize))
+    linear_weights = [n for n in reads if n.endswith("_proj.weight") or n in ("lm_head.weight",
+                                                                               "model.embed_tokens.weight")]
+    # the probe: the first layer of each weight shape (q/k/v and gate/up are fused), then the LM head
+    shapes = {("q", "k", "v"), ("o",), ("gate", "up"), ("down",)}
+    assert all(".layers.0." in n for n in linear_weights[:-1]), linear_weights
+    assert len(linear_weights) == sum(len(s) for s in shapes) + 1
+    assert linear_weights[-1] in ("lm_head.weight", "model.embed_tokens.weight")
+    assert not any("embed_tokens" in n for n in reads[:-1] if n in linear_weights[:-1])
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.float_released and m.weight.numel() == 0 and m._panels is None and m._packed is None
+               for m in layers)
+    assert model.embed.numel() == 0                                     # lookups read the GGUF rows
+    ids = torch.tensor([3, 5, 7, 11, 13, 2])
+    ref = _reference(converted, sys.maxsize)
+    assert torch.equal(model.embed_table.rows(ids), ref.embed[ids])
+    assert torch.equal(model.head_rows(ids), ref.head_rows(ids))
+    assert torch.equal(_hidden_and_logits(model, ids), _hidden_and_logits(ref, ids))
+
+
+def test_bounded_int8_keeps_float_weights_for_large_steps(converted, monkeypatch):
+    from tandem.models.llama import Linear
+
+    model, reads = _load(converted, monkeypatch, (0, 2))
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.quant is not None and not m.float_released and m.quant.i8_max_rows == 2 for m in layers)
+    assert all(m._panels is not None or m._packed is not None or m.weight.numel() for m in layers)
+    ref = _reference(converted, 2)
+    for ids in (torch.tensor([3, 5]), torch.tensor([3, 5, 7, 11, 13, 2, 9, 4])):   # the 8-bit kernel, then dense
+        assert torch.equal(_hidden_and_logits(model, ids), _hidden_and_logits(ref, ids))
