@@ -264,18 +264,33 @@ class RowTable:
         self.dtype = dtype
         self.num_rows = int(tensor.shape[-1])
         self.width = int(tensor.shape[0])
+        self._torch = None                           # the rows as a torch view (types rows() reads in torch)
 
     @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.detach().cpu()                     # index_select raises IndexError on an id out of range
+        kind = self.qtype.name
+        if kind in ("F32", "F16", "BF16", "Q8_0"):      # in torch: a decode step looks a row up per token
+            if self._torch is None:
+                import warnings
+
+                with warnings.catch_warnings():          # a read-only file mapping: torch never writes it
+                    warnings.simplefilter("ignore", UserWarning)
+                    raw = torch.from_numpy(self.data)
+                self._torch = raw.view(torch.bfloat16) if kind == "BF16" else raw
+            picked = self._torch.index_select(0, ids.reshape(-1))
+            if kind == "Q8_0":
+                b = picked.view(-1, 34)
+                picked = b[:, 2:].view(torch.int8).float() * b[:, :2].contiguous().view(torch.float16).float()
+            return picked.reshape(*ids.shape, self.width).to(self.dtype)
         import gguf
 
-        idx = ids.detach().cpu().numpy()
-        if idx.size and (idx.min() < 0 or idx.max() >= self.num_rows):
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_rows):
             raise IndexError(f"row index out of range [0, {self.num_rows})")
-        out = gguf.dequantize(self.data[idx.reshape(-1)], self.qtype).reshape(*idx.shape, self.width)
+        out = gguf.dequantize(self.data[ids.numpy().reshape(-1)], self.qtype).reshape(*ids.shape, self.width)
         return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).to(self.dtype)
 
 
