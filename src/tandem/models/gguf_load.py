@@ -8,8 +8,8 @@ shape: where the 8-bit kernel serves every step size (on a 2-core AVX2 EPYC: eve
 included) no layer of the shape ever holds float weights again; elsewhere each layer reads its
 float weights too, as the dense path needs them for large steps. The token embedding is looked up
 from the file's rows (`quant.RowTable`), never expanded to a float table. So the load holds at
-most one float32 tensor beyond what the model keeps: a 7B Q4 file needs its ~4 GB of blocks, not
-the ~28 GB of float32 the directory describes.
+most one float32 tensor (and its packed copy, while it is timed) beyond what the model keeps: a 7B
+Q4 file needs its ~4 GB of blocks, not the ~28 GB of float32 the directory describes.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ def load_gguf_model(model_dir: Path, source: Path, dtype: torch.dtype, max_posit
         tensors = {t.name: t for t in gguf.GGUFReader(str(source)).tensors}
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on damage
         raise ModelLoadError(f"corrupt or truncated GGUF file {source}: {e}") from e
+    if "token_embd.weight" not in tensors:
+        raise ModelLoadError(f"GGUF file {source} has no token_embd.weight")
     model = LlamaModel(arch, dtype, max_positions)
     for m in model.modules():                      # nothing float is read unless a layer needs it
         if isinstance(m, Linear):
