@@ -90,26 +90,23 @@ def gguf_source(model_dir: Path) -> Path | None:
 REPACKED = {"Q4_0": 0, "Q4_K": 0, "Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 1}
 
 
-def _blocks(tensors: dict, name: str, want: int | None = None) -> tuple[np.ndarray, int] | None:
-    """The tensor's rows as kernel blocks (uint8 [rows, bytes]) and their QTYPES value: as stored
-    (Q4_1, Q8_0), repacked (REPACKED), or requantized to Q8_0 when `want` is 1; None if the type
-    has no kernel."""
-    t = tensors.get(name)
+def _kernel_type(t) -> int | None:
+    """The QTYPES value a GGUF tensor runs as (stored or after a repack), or None: no kernel."""
     if t is None:
         return None
     kind = t.tensor_type.name
-    if kind not in QTYPES and kind not in REPACKED:
-        return None
-    qtype = QTYPES.get(kind, REPACKED.get(kind))
-    if want == 1 and qtype != 1:
-        return requant_q8_0(np.asarray(t.data), t.tensor_type), 1
-    if kind == "Q4_0":
-        return q4_0_to_q4_1(np.asarray(t.data)), 0
-    if kind == "Q4_K":
-        return q4_k_to_q4_1(np.asarray(t.data)), 0
-    if qtype == 1 and kind != "Q8_0":
-        return requant_q8_0(np.asarray(t.data), t.tensor_type), 1
-    return np.asarray(t.data), qtype
+    return QTYPES.get(kind, REPACKED.get(kind))
+
+
+def _blocks(t, qtype: int) -> np.ndarray:
+    """The tensor's rows (uint8 [rows, bytes]) as kernel blocks of `qtype`: as stored, repacked
+    (REPACKED), or requantized to Q8_0 (any type, when a fused layer's parts differ)."""
+    kind, data = t.tensor_type.name, np.asarray(t.data)
+    if QTYPES.get(kind) == qtype:
+        return data
+    if qtype == 1:
+        return requant_q8_0(data, t.tensor_type)
+    return q4_0_to_q4_1(data) if kind == "Q4_0" else q4_k_to_q4_1(data)
 
 
 def q4_0_to_q4_1(rows: np.ndarray) -> np.ndarray:
@@ -176,14 +173,14 @@ def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], op
     nothing attached, unless every part is one supported type and the shapes fit."""
     from tandem.models.gguf_convert import unpermute_qk
 
-    got = [_blocks(tensors, name) for name, _ in parts]
-    if any(g is None for g in got):
+    types = [_kernel_type(tensors.get(name)) for name, _ in parts]
+    if None in types:
         return False
-    if len({g[1] for g in got}) != 1:                   # mixed (Q4_K_M's Q4_K q/k with Q6_K v): all Q8_0
-        got = [_blocks(tensors, name, want=1) for name, _ in parts]
-    rows = [unpermute_qk(g[0], heads) if heads else g[0] for g, (_, heads) in zip(got, parts)]
+    qtype = types[0] if len(set(types)) == 1 else 1   # mixed (Q4_K_M's Q4_K q/k with Q6_K v): all Q8_0
+    got = [_blocks(tensors[name], qtype) for name, _ in parts]
+    rows = [unpermute_qk(g, heads) if heads else g for g, (_, heads) in zip(got, parts)]
     data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
-    k, qtype = linear.in_features, got[0][1]
+    k = linear.in_features
     if data.shape[0] != linear.out_features or data.shape[1] != k // 32 * (20 if qtype == 0 else 34):
         return False
     if linear.dtype == torch.bfloat16 and getattr(ops, "bf16_linear_available", lambda: False)():
