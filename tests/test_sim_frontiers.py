@@ -60,6 +60,26 @@ def test_one_frontier_holding_every_draft_costs_what_the_unsplit_step_costs():
     assert b.num_pruned_tokens == {"A": 0, "B": 0}
 
 
+def test_the_simulated_executor_reports_its_drafting_as_the_engine_runner_does():
+    """Whole or in frontiers, a step reports the draft model's time (less its prompt forward, which
+    the simulated draft model runs with the target's prefill) and one draft pass's: the step-cost
+    model's pass cost comes from these."""
+    cost = make_cost_model("H100-80GB", "qwen3-32b", "qwen3-0.6b", num_gpus=2)
+    plan = StepPlan([seq("A", 300, 4), seq("B", 900, 3), seq("C", 0, 0, num_tokens=64)])
+    decode_only = dataclasses.replace(shape_of(plan), num_prefill_tokens=0)
+    for ex in (SimExecutor(cost), SimExecutor(cost, frontier_size=2)):
+        for rid in "ABC":
+            ex.add_request(rid, 0.7)
+        result, duration = ex.step(plan)
+        assert result.draft_s == pytest.approx(cost.draft_time_s(decode_only), rel=1e-12)
+        assert result.draft_pass_s == pytest.approx(result.draft_s / 4, rel=1e-12)
+        assert 0 < result.draft_s < duration
+    plain = SimExecutor(cost)
+    plain.add_request("C", 0.7)
+    result, _ = plain.step(StepPlan([seq("C", 0, 0, num_tokens=64)]))
+    assert result.draft_s == 0.0 and result.draft_pass_s == 0.0
+
+
 def test_concurrent_pass_hides_a_small_drafter_but_not_a_bandwidth_bound_one():
     cost = make_cost_model("H100-80GB", "qwen3-32b", "qwen3-0.6b", num_gpus=2)
     verify = StepShape(8, 24, 24, 0, 8 * 1000, 8 * 1000)

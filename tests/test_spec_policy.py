@@ -3,6 +3,8 @@ longer drafts to requests that keep accepting, and does not flap; the baselines 
 
 from __future__ import annotations
 
+import pytest
+
 from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.spec_length import AcceptanceModel, AdaptiveLength, BatchSizeTable, FixedLength
@@ -98,42 +100,113 @@ def test_batch_size_table_uses_hysteresis():
     assert table.choose(reqs(40), [8] * 40, 40) == [0] * 40
 
 
-def test_cost_model_separates_the_per_position_draft_cost():
-    """Steps cost 10 ms + 1 ms per token + 5 ms per draft position (one draft-model pass each)."""
+def test_cost_model_learns_the_target_line_and_the_draft_pass_apart():
+    """Steps cost 10 ms + 1 ms per target token, plus one draft pass per position (3 ms over one
+    row, 5 ms over four); every fifth step's first pass also feeds the draft model a prompt. The
+    draft time is reported, so the target line and the pass cost come out exactly, catch-ups aside."""
     cost = StepCostModel()
     for i in range(200):
-        n, d = 8 + (i * 7) % 120, i % 5
-        cost.observe(n + d * 4, 0.010 + 0.001 * (n + d * 4) + 0.005 * d, depth=d)
-    assert abs(cost.depth_s - 0.005) < 2e-4
-    a, b = cost.line(64)
-    assert abs(b - 0.001) < 1e-4 and abs(a - 0.010) < 1e-3
-    flat = StepCostModel()                  # n-gram drafting: depth costs nothing extra
-    for i in range(200):
-        n, d = 8 + (i * 7) % 120, i % 5
-        flat.observe(n, 0.010 + 0.001 * n, depth=d)
-    assert flat.depth_s < 1e-6
+        rows, d = (1, 4)[i % 2], 1 + i % 5
+        n = rows * (1 + d) + (i * 7) % 60
+        pass_s = 0.003 if rows == 1 else 0.005
+        draft_s = pass_s * d + (0.040 if i % 5 == 0 else 0.0)
+        cost.observe(n, 0.010 + 0.001 * n + draft_s, draft_s, pass_s if i % 5 else draft_s / d, rows)
+    assert abs(cost.draft_pass_s(1) - 0.003) < 1e-9 and abs(cost.draft_pass_s(4) - 0.005) < 1e-9
+    a, b = cost.line(32)
+    assert abs(b - 0.001) < 1e-6 and abs(a - 0.010) < 1e-5
+    ngram = StepCostModel()                 # n-gram drafting: lookups, no forward pass
+    for i in range(50):
+        ngram.observe(8 + i, 0.010 + 0.001 * (8 + i), draft_s=0.0001, draft_pass_s=0.0, draft_rows=4)
+    assert ngram.draft_pass_s(4) == 0.0
 
 
 def test_adaptive_drafts_shallower_when_each_position_costs_a_draft_pass():
     """Same acceptance, same per-token cost: a per-position cost (a draft model's forward) must cut
     the chosen depth, and a large one must switch speculation off."""
-    def trained(depth_s: float) -> StepCostModel:
+    def trained(pass_s: float) -> StepCostModel:
         cost = StepCostModel()
         for i in range(200):
             n, d = 8 + (i * 7) % 120, i % 5
-            cost.observe(n, 0.030 + 0.0001 * n + depth_s * d, depth=d)
+            cost.observe(n, 0.030 + 0.0001 * n + pass_s * d, pass_s * d, pass_s if d else 0.0, 8)
         return cost
 
     rs = reqs(8)
     lengths = {}
-    for depth_s in (0.0, 0.004, 0.05):
-        policy = AdaptiveLength(8, trained(depth_s))
+    for pass_s in (0.0, 0.004, 0.05):
+        policy = AdaptiveLength(8, trained(pass_s))
         for r in rs:
             for accepted in (2, 5, 8, 3, 6, 1, 7, 4):   # survival falls gradually with depth
                 teach(policy, r, 8, accepted, times=3)
-        lengths[depth_s] = policy.choose(rs, [8] * 8, num_base_tokens=8)
+        lengths[pass_s] = policy.choose(rs, [8] * 8, num_base_tokens=8)
     assert max(lengths[0.0]) > max(lengths[0.004]) > 0
     assert lengths[0.05] == [0] * 8
+
+
+def test_adaptive_measures_the_plain_step_before_drafting():
+    """A batch size the cost model has not measured runs plain: the decision compares drafting with
+    the plain step's own time, not with an extrapolation from prefills."""
+    cost = StepCostModel()
+    for n in (120, 90, 110):                # prefills only (memory-bound: tokens are cheap)
+        cost.observe(n, 0.010 + 0.0002 * n)
+    policy = AdaptiveLength(8, cost)
+    rs = reqs(4)
+    for r in rs:
+        teach(policy, r, 8, 8)
+    assert policy.choose(rs, [8] * 4, num_base_tokens=4) == [0] * 4
+    cost.observe(4, 0.011)
+    assert policy.choose(rs, [8] * 4, num_base_tokens=4) == [0] * 4
+    cost.observe(4, 0.011)
+    assert max(policy.choose(rs, [8] * 4, num_base_tokens=4)) > 0   # measured; drafting is untried
+
+
+def _draft_model_cost(plain_s: float, rows: int, verify: tuple[int, float], pass_s: float) -> StepCostModel:
+    """A cost model that saw what the engine sees with a draft model: plain steps of `rows` tokens,
+    verification steps of (tokens, target seconds) each after 8 draft passes, and prefills."""
+    cost = StepCostModel()
+    for i in range(30):
+        cost.observe(rows, plain_s)
+        n, t = verify
+        cost.observe(n, t + 8 * pass_s, 8 * pass_s, pass_s, rows)
+        if i % 10 == 0:
+            cost.observe(100, 0.36)
+    return cost
+
+
+def test_adaptive_switches_a_draft_model_off_where_verification_is_compute_bound():
+    """The self-drafter on 2 CPU cores (float32 target, Q4 drafter), measured: at 4 streams a plain
+    step takes 26 ms, verifying 4 x 9 rows 174 ms and a draft pass 17 ms, so no length pays even at
+    93% acceptance; at one stream (30 ms plain, 9 rows verified in 32 ms, 12 ms passes) drafting
+    pays."""
+    for rows, plain_s, verify, pass_s, drafts in ((4, 0.026, (36, 0.174), 0.017, False),
+                                                  (1, 0.030, (9, 0.032), 0.012, True)):
+        policy = AdaptiveLength(8, _draft_model_cost(plain_s, rows, verify, pass_s))
+        rs = reqs(rows)
+        for r in rs:
+            for accepted in (8, 8, 5, 8, 7, 8, 8, 6):
+                teach(policy, r, 8, accepted, times=3)
+        ks = policy.choose(rs, [8] * rows, num_base_tokens=rows)
+        assert (max(ks) > 0) == drafts, (rows, ks)
+
+
+def test_a_draft_models_catch_up_is_learned_and_charged_to_a_requests_first_drafts():
+    """The draft time the passes do not explain, per token the draft model had to read first, is
+    the catch-up cost; a request whose prompt the drafter has not read pays it (amortized over its
+    remaining tokens) before drafting pays, one it has read does not."""
+    cost = StepCostModel()
+    for i in range(40):
+        cost.observe(1, 0.020)                                  # plain one-stream steps
+        unread = 400 if i % 4 == 0 else 1                       # a new request every 4th step
+        draft_s = 8 * 0.002 + 0.001 * unread
+        cost.observe(9, 0.022 + draft_s, draft_s, 0.002, 1, 8, unread)
+    assert cost.catch_up_s_per_token == pytest.approx(0.001)
+    policy = AdaptiveLength(8, cost)
+    new, old = (Request(rid, [1] * 400, SamplingParams(max_tokens=16)) for rid in ("new", "old"))
+    for r in (new, old):
+        r.num_computed_tokens = 400
+        teach(policy, r, 8, 8)
+    old.num_draft_seen = 400
+    assert policy.choose([old], [8], num_base_tokens=1)[0] > 0
+    assert policy.choose([new], [8], num_base_tokens=1) == [0]
 
 
 def test_untried_deeper_positions_inherit_the_requests_own_acceptance():

@@ -53,7 +53,7 @@ class ModelRunner:
             from tandem.spec.pipeline import execute_with_pruning
 
             result = execute_with_pruning(self, plan, drafts)
-            self.spec.hints(plan, result)
+            self.spec.report(plan, result)
             return result
         run = self.spec.extend(plan, drafts) if drafts else plan
         inputs = build_inputs(run, self.block_size, self.device, self.paged_kernel)
@@ -78,7 +78,7 @@ class ModelRunner:
             if n > 1:
                 self._verify(result, originals[s.request_id], drafts[s.request_id], logits[o:o + n])
         if self.spec is not None:
-            self.spec.hints(plan, result)
+            self.spec.report(plan, result)
         return result
 
     def _sample_plain(self, result: StepResult, chosen: list, logits: torch.Tensor) -> None:

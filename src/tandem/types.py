@@ -131,6 +131,8 @@ class Request:
     times: RequestTimes = field(default_factory=RequestTimes)
     spec: SpecStats = field(default_factory=SpecStats)
     draft_available: int | None = None   # drafts the proposer can offer next step (None: unlimited)
+    num_draft_seen: int = 0              # tokens the proposer has read (a draft model catches up on
+                                         # the rest, its whole prompt at first, before drafting)
     num_injected_tokens: int = 0         # tool-result tokens appended to the context (not output)
     num_tool_calls: int = 0
     pause: PauseState | None = None
@@ -244,6 +246,10 @@ class StepResult:
     num_accepted_tokens: dict[str, int] = field(default_factory=dict)
     num_pruned_tokens: dict[str, int] = field(default_factory=dict)
     draft_available: dict[str, int] = field(default_factory=dict)
+    # Seconds the proposer ran in this step, and one proposer forward pass's (0: no forward, n-gram);
+    # measured by the executor so that the step-cost model can tell drafting from verifying.
+    draft_s: float = 0.0
+    draft_pass_s: float = 0.0
 
 
 @dataclass

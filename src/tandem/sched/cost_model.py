@@ -9,20 +9,28 @@ interpolation, because the decision it serves (does one more draft token pay?) d
 *marginal* cost, which flat or noisy segments between buckets would get badly wrong. Calibrated
 profile points are kept as permanent anchors; before any data the prior line stands in.
 
-Draft depth: with a draft model (or layer-skip drafting) every draft *position* costs one more
-proposer pass whatever the number of rows, so a step's time also grows with its deepest draft d.
-`depth_s` is that cost per position, fitted globally (t = a + b n + c d by least squares over the
-window, c >= 0); the local lines are fitted to t - c d. With n-gram drafting c comes out ~0.
-No clock here: durations come in from outside.
+Drafting is measured, not inferred: the executor reports how long its proposer ran in the step
+(`draft_s`) and how long one proposer forward pass took (`draft_pass_s`; 0 for n-gram lookups,
+which run no forward). The local lines are fitted to the *target's* share, duration - draft_s, and
+`draft_pass_s(rows)` is the weighted median of the reported pass times near a number of drafting
+rows: with a draft model (or layer-skip drafting) every draft position costs one more pass
+whatever the number of rows. A median, because a request's first drafting step also feeds the
+draft model its whole prompt (a catch-up pass ten times the usual); what catching up costs per
+token is learned apart (`catch_up_s_per_token`, from the draft time the passes do not explain). Inferring the per-position
+cost from total step times cannot work: when every request drafts the same k, tokens and depth
+move together and least squares cannot tell them apart (it chose 8 drafts at 4 streams where no
+draft pays). No clock here: durations come in from outside.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 
 _SIGMA = 0.6           # neighbourhood width in log(tokens): ~x1.8 either side
 _ANCHOR_WEIGHT = 5.0   # a profile point counts as this many observations
+_CATCH_UP_MIN = 16     # steps whose proposer caught up on fewer tokens teach nothing about it
 
 
 class StepCostModel:
@@ -32,39 +40,94 @@ class StepCostModel:
         self.per_token_s = per_token_s
         self.alpha = alpha                        # kept for callers that tune it; unused by the local fit
         self._anchors = [(float(n), float(t)) for n, t in (profile or []) if n > 0 and t > 0]
-        self._obs: deque[tuple[float, float, float]] = deque(maxlen=window)   # (tokens, s, depth)
+        self._anchors_lo = min((n for n, _ in self._anchors), default=0.0)
+        self._anchors_hi = max((n for n, _ in self._anchors), default=0.0)
+        self._obs: deque[tuple[float, float]] = deque(maxlen=window)          # (tokens, target s)
+        self._passes: deque[tuple[float, float]] = deque(maxlen=window // 4)  # (drafting rows, s/pass)
+        self._catch_up: deque[float] = deque(maxlen=64)                        # s per caught-up token
         self._version = 0
         self._cache: dict[tuple[int, int], tuple[float, float]] = {}
         self._global: tuple[int, tuple[float, float]] | None = None
-        self._depth: tuple[int, float] | None = None
+        self._pass_cache: tuple[tuple[int, int], float] | None = None
+        self._grouped: tuple[int, list[tuple[float, float, float, float]]] | None = None
 
-    def observe(self, num_tokens: int, duration_s: float, depth: int = 0) -> None:
-        """One step: `num_tokens` computed (drafts included) in `duration_s`, deepest draft `depth`."""
+    def observe(self, num_tokens: int, duration_s: float, draft_s: float = 0.0, draft_pass_s: float = 0.0,
+                draft_rows: int = 0, draft_depth: int = 0, catch_up_tokens: int = 0) -> None:
+        """One step: `num_tokens` computed by the target (drafts included) in `duration_s`, of which
+        the proposer took `draft_s`: `draft_depth` passes of `draft_pass_s` each over `draft_rows`
+        rows, after feeding it the `catch_up_tokens` it had not read."""
         if num_tokens <= 0 or duration_s <= 0:
             return
-        self._obs.append((float(num_tokens), float(duration_s), float(max(0, depth))))
+        self._obs.append((float(num_tokens), max(1e-6, float(duration_s) - max(0.0, draft_s))))
+        if draft_pass_s > 0 and draft_rows > 0:
+            self._passes.append((float(draft_rows), float(draft_pass_s)))
+            if catch_up_tokens >= _CATCH_UP_MIN:
+                extra = draft_s - draft_depth * draft_pass_s
+                self._catch_up.append(max(0.0, extra) / catch_up_tokens)
         self._version += 1
 
     @property
-    def depth_s(self) -> float:
-        """Seconds one more draft position adds to a step (>= 0; 0 until depths vary)."""
-        if self._depth is not None and self._depth[0] == self._version // 16:
-            return self._depth[1]
-        c = _depth_coefficient(list(self._obs))
-        self._depth = (self._version // 16, c)
-        return c
+    def catch_up_s_per_token(self) -> float:
+        """Seconds the proposer takes per token it catches up on (0 until measured; 0 for
+        proposers that read nothing: n-gram lookups, layer-skip drafting on the target's KV)."""
+        if not self._catch_up:
+            return 0.0
+        return sorted(self._catch_up)[len(self._catch_up) // 2]
 
-    def _points(self):
-        for n, t in self._anchors:
-            yield n, t, _ANCHOR_WEIGHT
-        c = self.depth_s
-        for n, t, d in self._obs:
-            yield n, t - c * d, 1.0
+    def draft_pass_s(self, rows: int) -> float:
+        """Seconds of one proposer forward pass over `rows` drafting rows: what one more draft
+        position adds to a step (0 until a pass is measured; 0 for n-gram drafting)."""
+        if not self._passes or rows <= 0:
+            return 0.0
+        key = (rows, self._version)
+        if self._pass_cache is not None and self._pass_cache[0] == key:
+            return self._pass_cache[1]
+        value = self._median_pass(rows)
+        self._pass_cache = (key, value)
+        return value
+
+    def _median_pass(self, rows: int) -> float:
+        lr = math.log(rows)
+        pts = sorted((s, math.exp(-((math.log(r) - lr) ** 2) / (2 * _SIGMA ** 2))) for r, s in self._passes)
+        half, acc = sum(w for _, w in pts) / 2, 0.0
+        for s, w in pts:
+            acc += w
+            if acc >= half:
+                return s
+        return pts[-1][0]
+
+    def measured(self, num_tokens: int, enough: int = 2, within: float = 1.25) -> bool:
+        """Whether `enough` recent steps computed within a factor `within` of `num_tokens` tokens
+        (a calibrated profile measures every size inside its range)."""
+        if self._anchors and self._anchors_lo / within <= num_tokens <= self._anchors_hi * within:
+            return True
+        lo, hi, near = num_tokens / within, num_tokens * within, 0
+        for n, _ in reversed(self._obs):            # the latest first: usually the same sizes
+            if lo <= n <= hi:
+                near += 1
+                if near >= enough:
+                    return True
+        return False
+
+    def _points(self) -> list[tuple[float, float, float, float]]:
+        """(tokens, mean seconds, weight, log tokens) per distinct step size: a weighted least-squares
+        line through these is the line through every observation (same normal equations)."""
+        if self._grouped is not None and self._grouped[0] == self._version:
+            return self._grouped[1]
+        sums: dict[float, list[float]] = {}
+        for n, t, w in itertools.chain(((n, t, _ANCHOR_WEIGHT) for n, t in self._anchors),
+                                       ((n, t, 1.0) for n, t in self._obs)):
+            acc = sums.setdefault(n, [0.0, 0.0])
+            acc[0] += w
+            acc[1] += w * t
+        pts = [(n, wt / w, w, math.log(n)) for n, (w, wt) in sums.items()]
+        self._grouped = (self._version, pts)
+        return pts
 
     def _global_line(self) -> tuple[float, float]:
         if self._global is not None and self._global[0] == self._version // 16:
             return self._global[1]
-        line = _fit([(n, t, w) for n, t, w in self._points()], None) or (self.base_s, self.per_token_s)
+        line = _fit([(n, t, w) for n, t, w, _ in self._points()], None) or (self.base_s, self.per_token_s)
         self._global = (self._version // 16, line)
         return line
 
@@ -79,7 +142,7 @@ class StepCostModel:
         if len(self._cache) > 4096:
             self._cache.clear()
         ln = math.log(max(1, num_tokens))
-        pts = [(n, t, w * math.exp(-((math.log(n) - ln) ** 2) / (2 * _SIGMA ** 2))) for n, t, w in self._points()]
+        pts = [(n, t, w * math.exp(-((lg - ln) ** 2) / (2 * _SIGMA ** 2))) for n, t, w, lg in self._points()]
         line = _fit(pts, self._global_line()[1]) or self._global_line()
         self._cache[key] = line
         return line
@@ -89,33 +152,28 @@ class StepCostModel:
         a, b = self.line(num_tokens)
         return max(1e-6, a + b * num_tokens)
 
+    def times(self, first: int, count: int) -> list[float]:
+        """[time(first), time(first + 1), ...] for `count` sizes, one local fit per size bucket."""
+        out: list[float] = []
+        n = first
+        while len(out) < count:
+            upper = 2 ** ((round(4 * math.log2(max(1, n))) + 0.5) / 4)   # where line()'s bucket ends
+            a, b = self.line(n)
+            out.append(max(1e-6, a + b * n))
+            n += 1
+            while len(out) < count and n < upper:
+                out.append(max(1e-6, a + b * n))
+                n += 1
+        return out
+
     def profile(self) -> list[tuple[int, float]]:
         """The model sampled at powers of two (for reports and calibration files)."""
-        top = max([n for n, _, _ in self._points()] or [1])
+        top = max([p[0] for p in self._points()] or [1])
         out, n = [], 1
         while n <= max(2, top):
             out.append((n, self.time(n)))
             n *= 2
         return out
-
-
-def _depth_coefficient(obs: list[tuple[float, float, float]]) -> float:
-    """c in t = a + b n + c d, least squares (centred normal equations); 0 when d does not vary."""
-    if len(obs) < 8:
-        return 0.0
-    k = len(obs)
-    mn = sum(o[0] for o in obs) / k
-    mt = sum(o[1] for o in obs) / k
-    md = sum(o[2] for o in obs) / k
-    snn = sum((n - mn) ** 2 for n, _, _ in obs)
-    sdd = sum((d - md) ** 2 for _, _, d in obs)
-    snd = sum((n - mn) * (d - md) for n, _, d in obs)
-    snt = sum((n - mn) * (t - mt) for n, t, _ in obs)
-    sdt = sum((d - md) * (t - mt) for _, t, d in obs)
-    det = snn * sdd - snd * snd
-    if sdd < 1e-9 or det <= 1e-12 * max(1.0, snn * sdd):
-        return 0.0
-    return max(0.0, (snn * sdt - snd * snt) / det)
 
 
 def _fit(pts: list[tuple[float, float, float]], prior_slope: float | None) -> tuple[float, float] | None:

@@ -59,6 +59,7 @@ class Scheduler:
                            if config.target_tpot_s else None)
         self._step_started: float | None = None
         self._step_had_decodes = False
+        self._step_catch_up = 0
         self.spec_stats = SpecStats()          # engine-wide speculation counters
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []      # kept sorted by the ordering's key
@@ -157,6 +158,7 @@ class Scheduler:
     # --- the step --------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
         self.num_steps += 1
+        self._step_catch_up = 0                 # tokens the proposer must read before drafting
         if hasattr(self.ordering, "memory_pressure"):
             self.ordering.memory_pressure = self.kv.usage
         if self.ordering.dynamic:
@@ -197,6 +199,7 @@ class Scheduler:
             if k > 0 and not self.kv.can_allocate(req, k):
                 k = 0
             if k > 0:
+                self._step_catch_up += max(0, seq.start + seq.num_tokens - req.num_draft_seen)
                 self.kv.allocate(req, k)
                 req.num_computed_tokens += k          # tentative: update() rolls back rejected slots
                 seq.num_draft_tokens = k
@@ -309,6 +312,7 @@ class Scheduler:
         self.running.remove(request)
         self.kv.free(request)
         request.num_computed_tokens = 0
+        request.num_draft_seen = 0                # the runner drops its proposer state too
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.num_preemptions += 1
@@ -346,6 +350,7 @@ class Scheduler:
         emitted = len(result.sampled_token_ids.get(rid, ())) or 1
         # Every emitted token but the last has its KV computed (the last is the next step's input).
         request.num_computed_tokens = seq.start + seq.num_tokens + emitted - 1
+        request.num_draft_seen = request.num_computed_tokens     # the proposer read up to here
         self.kv.truncate(request, request.num_computed_tokens)
         pruned = result.num_pruned_tokens.get(rid, 0)
         request.spec.record(drafted, accepted, pruned)
@@ -363,8 +368,9 @@ class Scheduler:
         if self._step_started is None or plan.frontier_size:
             return      # (a step verified in frontiers took extra passes its token count does not show)
         unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
-        depth = max(result.num_draft_tokens.values(), default=0)
-        self.cost.observe(plan.num_tokens - unused, now - self._step_started, depth)
+        self.cost.observe(plan.num_tokens - unused, now - self._step_started, result.draft_s,
+                          result.draft_pass_s, len(result.num_draft_tokens),
+                          max(result.num_draft_tokens.values(), default=0), self._step_catch_up)
         self._step_started = None
 
     def _append_tokens(self, request: Request, new_ids: list[int]) -> tuple[list[int], FinishReason | None]:

@@ -11,7 +11,10 @@ is the step's tokens without drafts and step_time comes from a cost model learne
 the engine's own steps. Adding one draft token to request i gains prod_{m<=k_i+1} a_i(m) tokens
 and costs step_time(T+1) - step_time(T); the gains of one request shrink with k, so adding the
 best remaining token while it pays is optimal for a cost that is linear between profile points.
-A dead band keeps last step's lengths unless the new choice is clearly better (no flapping).
+With a draft model each draft position also costs one proposer pass (the deepest draft sets the
+number of passes). A dead band keeps last step's lengths unless the new choice is clearly better
+(no flapping), and a batch size the cost model has not measured yet runs plain first: drafting is
+judged against the plain step's measured time, never an extrapolation.
 
 Baselines: no speculation, a fixed length, vLLM's batch-size table ("dynamic SD") and vLLM's
 survival-probability slot admission (`SurvivalAdmission`). `make_length_policy` builds one from a
@@ -20,8 +23,8 @@ survival-probability slot admission (`SurvivalAdmission`). `make_length_policy` 
 
 from __future__ import annotations
 
-import heapq
 import math
+from itertools import accumulate
 from typing import Protocol
 
 from tandem.config import SpecConfig
@@ -99,53 +102,81 @@ class BatchSizeTable(_NoLearning):
 
 
 def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
-                cost: StepCostModel, depth_aware: bool = False) -> list[int]:
+                cost: StepCostModel, depth_aware: bool = False, start_s: list[float] | None = None) -> list[int]:
     """Draft lengths from admitting (request, position) slots best-first while the marginal slot pays.
 
     Slot (i, j) survives verification with probability prod_{m<=j} est[i][m-1]; a request's slots
     come in position order (the product only falls). With G expected tokens and T tokens in the
-    step so far, the next slot (score s) pays iff (G + s) / t(T + 1) > G / t(T).
+    step so far, the next slot (score s) pays iff (G + s) / t(T + 1) > G / t(T), where t is the
+    cost model's time at each size (its local line there, not the base size's line carried
+    forward: verifying 36 rows on 2 cores costs twice what the line at 4 rows says).
 
-    `depth_aware`: the step also costs `cost.depth_s` per position of its deepest draft (a draft
-    model runs once per position). Then each cap D on the depth is tried (the fixed part of the
-    step grows by D * depth_s) and the cap with the best tokens per second wins.
+    `depth_aware`: the step also costs one proposer pass, `cost.draft_pass_s(rows)`, per position
+    of its deepest draft (a draft model runs once per position). Then each cap D on the depth is
+    tried (the fixed part of the step grows by D passes) and the cap with the best tokens per
+    second wins; the caps stop two past the best. `start_s[i]`: what drafting for request i at all
+    adds to the step (its proposer's catch-up, amortized).
     """
-    a, b = cost.line(num_base_tokens)
-    c = cost.depth_s if depth_aware else 0.0
-    if c <= 0.0:
-        return _admit(est, limits, num_base_tokens, a, b)[0]
+    slots = _ranked_slots(est, limits)
+    times = cost.times(num_base_tokens, len(slots) + 1)     # times[m]: the step with m drafts
     n = len(est)
-    best, best_rate = [0] * n, n / max(1e-9, a + b * num_base_tokens)
+    c = cost.draft_pass_s(sum(1 for lim in limits if lim > 0)) if depth_aware else 0.0
+    start = start_s or [0.0] * n
+    if c <= 0.0:
+        return _best_prefix(slots, n, times, 0.0, None, start)[0]
+    best, best_rate, worse = [0] * n, n / times[0], 0
     for cap in range(1, max(limits, default=0) + 1):
-        ks, gain = _admit(est, [min(lim, cap) for lim in limits], num_base_tokens, a + c * cap, b)
-        depth = max(ks, default=0)
-        rate = (n + gain) / max(1e-9, a + c * depth + b * (num_base_tokens + sum(ks)))
+        ks, _ = _best_prefix(slots, n, times, c * cap, cap, start)
+        rate = (n + _gain(est, ks)) / (times[sum(ks)] + c * max(ks, default=0) +
+                                       sum(f for f, k in zip(start, ks) if k))
         if rate > best_rate:
-            best, best_rate = ks, rate
+            best, best_rate, worse = ks, rate, 0
+        elif (worse := worse + 1) == 2:       # past the peak (tokens per second rise, then fall)
+            break
     return best
 
 
-def _admit(est: list[list[float]], limits: list[int], num_base_tokens: int,
-           a: float, b: float) -> tuple[list[int], float]:
-    """Greedy slot admission under the step line t(T) = a + b T; (lengths, expected accepted)."""
-    ks = [0] * len(est)
-    survive = [1.0] * len(est)                  # prod_{m <= k_i} a_i(m)
-    heap = [(-e[0], i) for i, e in enumerate(est) if limits[i] > 0]
-    heapq.heapify(heap)
-    tokens, gain = num_base_tokens, float(len(est))
-    t = max(1e-9, a + b * tokens)
-    while heap:
-        neg, i = heapq.heappop(heap)
-        delta = -neg
-        t_next = max(1e-9, a + b * (tokens + 1))
-        if (gain + delta) * t <= gain * t_next:  # the best remaining slot does not pay: stop
-            break
+def _ranked_slots(est: list[list[float]], limits: list[int]) -> list[tuple[float, int, int]]:
+    """Every (survival, request, position) slot, best first. A request's survival falls with
+    position, so any prefix of this order holds prefixes of each request's drafts."""
+    slots = []
+    for i, (e, lim) in enumerate(zip(est, limits)):
+        p = 1.0
+        for j in range(lim):
+            p *= e[j]
+            slots.append((p, i, j + 1))
+    slots.sort(key=lambda x: -x[0])
+    return slots
+
+
+def _best_prefix(slots: list[tuple[float, int, int]], n: int, times: list[float], fixed_s: float,
+                 cap: int | None, start_s: list[float]) -> tuple[list[int], float]:
+    """The best prefix of the ranked slots (positions <= `cap`) for steps costing
+    times[m] + fixed_s with m drafts, plus start_s[i] once request i drafts: (lengths, tokens per
+    second). For m slots the m best-scored give the most tokens, so without start costs the best
+    prefix is optimal for any step-time curve, convex or not (no scan that stops at the first
+    slot that does not pay)."""
+    kept = slots if cap is None else [x for x in slots if x[2] <= cap]
+    gains = accumulate((x[0] for x in kept), initial=float(n))
+    starts = accumulate((start_s[i] if j == 1 else 0.0 for _, i, j in kept), initial=fixed_s)
+    rates = [g / (t + f) for g, t, f in zip(gains, times, starts)]
+    top = max(rates)
+    m = next(i for i, r in enumerate(rates) if r >= top * (1 - 1e-9))    # a tie drafts less
+    ks = [0] * n
+    for _, i, _ in kept[:m]:
         ks[i] += 1
-        survive[i] = delta
-        tokens, gain, t = tokens + 1, gain + delta, t_next
-        if ks[i] < limits[i]:
-            heapq.heappush(heap, (-(survive[i] * est[i][ks[i]]), i))
-    return ks, gain - len(est)
+    return ks, rates[m]
+
+
+def _gain(est: list[list[float]], ks: list[int]) -> float:
+    """Expected accepted drafts: sum_i sum_{j<=k_i} prod_{m<=j} est[i][m-1]."""
+    gain = 0.0
+    for e, k in zip(est, ks):
+        p = 1.0
+        for m in range(k):
+            p *= e[m]
+            gain += p
+    return gain
 
 
 class AcceptanceModel:
@@ -203,36 +234,54 @@ class AcceptanceModel:
 class AdaptiveLength:
     """FASER's per-request, load-aware draft length (see the module docstring)."""
 
-    def __init__(self, max_len: int, cost: StepCostModel, dead_band: float = 0.02, prior: float = 0.5) -> None:
+    def __init__(self, max_len: int, cost: StepCostModel, dead_band: float = 0.02, prior: float = 0.5,
+                 measure_first: int = 2) -> None:
         self.max_len = max_len
         self.cost = cost
         self.dead_band = dead_band
+        self.measure_first = measure_first      # plain steps near a step size before drafting there
         self.acceptance = AcceptanceModel(max_len, prior=prior)
         self._last: dict[str, int] = {}
 
     def choose(self, requests, limits, num_base_tokens):
         if not requests:
             return []
+        if not self.cost.measured(num_base_tokens, self.measure_first):
+            # Measure before speculating: the choice compares drafting against the plain step, so
+            # the plain step's time must be known, not extrapolated from verification steps (which
+            # run more tokens) or prefills. A couple of plain steps per batch size settles it.
+            return [0] * len(requests)
         est = [self.acceptance.estimates(r.request_id) for r in requests]
-        best = admit_slots(est, limits, num_base_tokens, self.cost, depth_aware=True)
+        start = self._start_costs(requests, est, limits)
+        best = admit_slots(est, limits, num_base_tokens, self.cost, depth_aware=True, start_s=start)
         last = [min(self._last.get(r.request_id, 0), lim) for r, lim in zip(requests, limits)]
-        if last != best and self._value(est, last, num_base_tokens) >= \
-                self._value(est, best, num_base_tokens) * (1 - self.dead_band):
+        if last != best and self._value(est, last, num_base_tokens, start) >= \
+                self._value(est, best, num_base_tokens, start) * (1 - self.dead_band):
             best = last
         for r, k in zip(requests, best):
             self._last[r.request_id] = k
         return best
 
-    def _value(self, est: list[list[float]], ks: list[int], base: int) -> float:
-        gain = 0.0
-        for e, k in zip(est, ks):
-            p = 1.0
-            for m in range(k):
-                p *= e[m]
-                gain += p
-        a, b = self.cost.line(base)
-        depth = self.cost.depth_s * max(ks, default=0)
-        return (len(est) + gain) / max(1e-9, a + depth + b * (base + sum(ks)))
+    def _start_costs(self, requests: list[Request], est: list[list[float]], limits: list[int]) -> list[float]:
+        """What drafting for each request costs a step beyond its passes: a draft model first reads
+        what it has not seen (a new request's whole prompt), a cost paid once and amortized here
+        over the request's remaining steps (at most max_tokens - generated tokens, at the
+        tokens per step its drafts would give)."""
+        per_token = self.cost.catch_up_s_per_token
+        if per_token <= 0.0:
+            return [0.0] * len(requests)
+        out = []
+        for r, e, lim in zip(requests, est, limits):
+            unread = max(0, r.num_computed_tokens + 1 - r.num_draft_seen)
+            steps = max(1.0, (r.max_tokens - r.num_output_tokens) / (1.0 + _gain([e], [lim])))
+            out.append(per_token * unread / steps)
+        return out
+
+    def _value(self, est: list[list[float]], ks: list[int], base: int, start: list[float]) -> float:
+        gain = _gain(est, ks)
+        depth = self.cost.draft_pass_s(sum(1 for k in ks if k)) * max(ks, default=0)
+        fixed = depth + sum(f for f, k in zip(start, ks) if k)
+        return (len(est) + gain) / max(1e-9, self.cost.time(base + sum(ks)) + fixed)
 
     def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         self.acceptance.observe(request.request_id, num_drafted, num_accepted)
@@ -291,8 +340,8 @@ def frontier_pays(est: list[list[float]], ks: list[int], size: int, num_base_tok
     sum_i s_i(fF) min(F, k_i - fF). So, with t(n) the step-cost model's time for n tokens,
         one pass:  t(T + sum_i k_i)
         frontiers: t(T + sum_i min(k_i, F)) + sum_{f>0} P_f t(E_f / P_f)  [- hidden drafting]
-    where with `overlap` the drafting of positions past F, depth_s (max k - F), hides behind the
-    passes. Splitting must win by `margin` (a pass costs more than its tokens: launches, syncs)."""
+    where with `overlap` the drafting of positions past F, (max k - F) proposer passes, hides
+    behind the passes. Splitting must win by `margin` (a pass costs more than its tokens: launches, syncs)."""
     def t(n: float) -> float:
         a, b = cost.line(max(1, round(n)))
         return a + b * n
@@ -317,7 +366,7 @@ def frontier_pays(est: list[list[float]], ks: list[int], size: int, num_base_tok
         if reach > 1e-9:
             split += reach * t(tokens / reach)
     if overlap:
-        split -= cost.depth_s * (depth - size)
+        split -= cost.draft_pass_s(sum(1 for k in ks if k > size)) * (depth - size)
     return split < one_pass * (1.0 - margin)
 
 

@@ -19,9 +19,10 @@ drafting plus the overlapped passes. The middle-layer early exit is not modelled
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
-from tandem.sim.cost.base import CostModel, frontier_step, shape_of
+from tandem.sim.cost.base import CostModel, StepShape, frontier_step, shape_of
 from tandem.types import StepPlan, StepResult
 
 FILL_TOKEN = 11
@@ -79,6 +80,7 @@ class SimExecutor:
             compute = self._frontier_time_s(plan, result, size)
         else:
             compute = self.cost.step_time_s(shape)
+            self._report_drafting(result, shape)
         duration = compute + self.cost.swap_time_s(shape.num_swap_blocks)
         self.last_duration_s = duration
         self.busy_s += duration
@@ -89,11 +91,21 @@ class SimExecutor:
         cost = self.cost
         step = frontier_step(plan, result.num_accepted_tokens, size, self.overlap)
         result.num_pruned_tokens.update(step.pruned)
+        self._report_drafting(result, step.drafts[0])
         if not self.overlap:
             return cost.draft_time_s(step.drafts[0]) + sum(
                 cost.verify_time_s(v, first=f == 0) for f, v in enumerate(step.verify))
         return cost.draft_time_s(step.drafts[0]) + sum(
             cost.concurrent_time_s(v, f == 0, d) for f, (v, d) in enumerate(zip(step.verify, step.drafts[1:])))
+
+    def _report_drafting(self, result: StepResult, drafted: StepShape) -> None:
+        """What the engine's runner measures of its proposer: the drafting done before the target's
+        pass (`drafted`), and one draft forward's time. The simulated draft model reads prompts
+        with the target's prefill, not lazily as the engine's does, so that forward stays in the
+        target's share."""
+        if drafted.draft_rows:
+            result.draft_s = self.cost.draft_time_s(dataclasses.replace(drafted, num_prefill_tokens=0))
+            result.draft_pass_s = result.draft_s / len(drafted.draft_rows)
 
     def execute(self, plan: StepPlan) -> StepResult:
         """The engine's Executor protocol (the duration is left in `last_duration_s`)."""

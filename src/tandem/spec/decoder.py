@@ -3,12 +3,14 @@
 `SpecDecoder.draft` asks the proposer for each scheduled request's drafts (up to the length the
 scheduler chose), `extend` appends them to the step's inputs, and `verify` turns the target's
 logits at a request's k+1 verification rows into emitted tokens (accepted drafts + one). After the
-step, `hints` tells the scheduler how many drafts each request's proposer could offer next.
+step, `report` tells the scheduler how many drafts each request's proposer could offer next and
+how long drafting took (the step-cost model separates drafting from verifying with it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -35,6 +37,8 @@ class SpecDecoder:
         self.step_frontier = frontier_size      # this step's: the plan's choice, else frontier_size
         self.early_exit = early_exit            # a tandem.spec.pruning.EarlyExit, or None
         self.overlap = overlap                  # a tandem.spec.overlap.DraftWorker, or None
+        self.draft_s = 0.0                      # this step's proposer seconds, and one forward pass's
+        self.draft_pass_s = 0.0
 
     @property
     def prunes(self) -> bool:
@@ -49,11 +53,13 @@ class SpecDecoder:
         """Drafts for the step's drafting requests (the first frontier only when overlapping); also
         fixes the step's frontier size (`step_frontier`) that `prunes` and `overlaps` read."""
         self.step_frontier = self.frontier_size if plan.frontier_size is None else plan.frontier_size
+        self.draft_s = self.draft_pass_s = 0.0
         seqs = [s for s in plan.seqs if s.num_draft_tokens > 0]
         for rid in plan.preempted_ids:
             self.proposer.release(rid)
         if not seqs:
             return {}
+        started = time.perf_counter()
         if isinstance(self.proposer, NgramProposer):
             drafts = {s.request_id: Draft(self.proposer.propose(s.request_id, s.history, s.num_draft_tokens))
                       for s in seqs}
@@ -62,6 +68,8 @@ class SpecDecoder:
             if self.overlaps:                   # the first frontier now, the rest during verification
                 ks = [min(k, self.step_frontier) for k in ks]
             drafts = self.proposer.propose(seqs, ks)
+            self.draft_pass_s = self.proposer.pass_s
+        self.draft_s = time.perf_counter() - started
         for s in seqs:                          # under a grammar: cut at the first token it refuses
             if s.sampling_params.structured_outputs is not None and s.request_id in drafts:
                 self._cut_to_grammar(s, drafts[s.request_id])
@@ -113,8 +121,10 @@ class SpecDecoder:
             lps = [token_logprob(raw[j], t, params.logprobs) for j, t in enumerate(out)]
         return out, lps
 
-    def hints(self, plan: StepPlan, result: StepResult) -> None:
-        """Fill `result.draft_available` (n-gram: how many tokens a lookup would offer next step)."""
+    def report(self, plan: StepPlan, result: StepResult) -> None:
+        """Fill the result's drafting fields: the proposer's seconds this step (`draft_s`,
+        `draft_pass_s`) and `draft_available` (n-gram: how many tokens a lookup would offer next)."""
+        result.draft_s, result.draft_pass_s = self.draft_s, self.draft_pass_s
         if not isinstance(self.proposer, NgramProposer):
             return
         for s in plan.seqs:

@@ -11,6 +11,7 @@ the same values), so it never needs to catch up.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ class ModelDrafter:
         self.num_layers = num_layers
         self.shares_target_kv = shares_target_kv
         self._computed: dict[str, int] = {}     # positions whose draft KV is valid (own-KV drafters)
+        self.pass_s = 0.0                       # last propose(): seconds of one steady forward pass
 
     @torch.inference_mode()
     def propose(self, seqs: list[ScheduledSeq], ks: list[int], prefix: dict[str, Draft] | None = None,
@@ -54,12 +56,14 @@ class ModelDrafter:
         begin = {rid: len(t) for rid, t in have.items()}
         drafts = {s.request_id: Draft([], [] if not s.sampling_params.greedy else None) for s in seqs}
         last_pos = {s.request_id: s.start + s.num_tokens - 1 for s in seqs}
+        passes: list[float] = []
         for j in range(min(begin.values(), default=0), max(ks, default=0)):
             batch = [s for s, k in zip(seqs, ks) if begin[s.request_id] <= j < k and s.request_id not in cancelled]
             if not batch:
                 continue
             if pace is not None:
                 pace()
+            started = time.perf_counter()
             pass_seqs = [self._pass_seq(s, have[s.request_id], last_pos[s.request_id], j) for s in batch]
             inputs = build_inputs(StepPlan(pass_seqs), self.block_size, self.device, self.attn.kernel is not None)
             hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta, self.num_layers)
@@ -70,6 +74,11 @@ class ModelDrafter:
             for s in batch:
                 self._extend(drafts[s.request_id], s, logits[order[s.request_id]], j)
                 have[s.request_id].append(drafts[s.request_id].tokens[-1])
+            passes.append(time.perf_counter() - started)
+        # A pass's cost, for the step-cost model: the first pass also feeds the draft model what it
+        # has not seen (a new request's whole prompt), so it counts only when it is the only one.
+        steady = passes[1:] or passes
+        self.pass_s = sum(steady) / len(steady) if steady else 0.0
         for s in seqs:
             if not self.shares_target_kv and drafts[s.request_id].tokens:
                 self._computed[s.request_id] = last_pos[s.request_id] + len(have[s.request_id])
