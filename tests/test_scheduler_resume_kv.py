@@ -109,7 +109,7 @@ def test_anti_starvation_serves_the_longest_wait_first():
     ordering = AugServeOrdering(OutputLengthPredictor(), ToolStats(), stage2=True, max_wait_s=30.0)
     resumed, fresh = req("resumed", 8, arrival=0.0), req("fresh", 8, arrival=50.0)
     resumed.last_resumed = 100.0                  # back from a tool at t=100, waiting 100 s at t=200
-    resumed.extra["_seq"], fresh.extra["_seq"] = 0, 1
+    resumed.arrival_seq, fresh.arrival_seq = 0, 1
     assert ordering.key(fresh, 200.0) < ordering.key(resumed, 200.0)          # fresh has waited 150 s
     assert ordering.key(resumed, 120.0)[0] == 1 and ordering.key(fresh, 120.0)[0] == 0
 
@@ -122,10 +122,24 @@ def test_vllm_like_baseline_queues_a_tool_continuation_as_a_new_arrival():
 
     resumed, fresh = req("resumed", 8, arrival=0.0), req("fresh", 8, arrival=50.0)
     resumed.last_resumed = 100.0
-    resumed.extra["_seq"], fresh.extra["_seq"] = 0, 1
+    resumed.arrival_seq, fresh.arrival_seq = 0, 1
     vllm_like = make_policy("fcfs-discard", 64, StepCostModel()).ordering
     infercept = make_policy("infercept", 64, StepCostModel()).ordering
     assert vllm_like.key(fresh, 120.0) < vllm_like.key(resumed, 120.0)
     assert infercept.key(resumed, 120.0) < infercept.key(fresh, 120.0)
     never_paused = req("plain", 8, arrival=10.0)
     assert vllm_like.key(never_paused, 120.0) == infercept.key(never_paused, 120.0) == (10.0, 0)
+
+
+def test_aborting_a_paused_request_frees_its_kept_kv_and_the_stats_say_so():
+    sched = make(num_blocks=12, action=KVAction.PRESERVE)
+    held = req("held", 28)                         # 7 blocks, kept through its pause
+    sched.add_request(held)
+    run_step(sched)
+    assert sched.pause_request("held", 0.0, 5.0) is KVAction.PRESERVE
+    before = sched.stats()
+    assert (before.num_paused, before.num_free_blocks, before.num_running) == (1, 5, 0)
+    assert sched.abort_request("held") is held and held.status is RequestStatus.FINISHED
+    after = sched.stats()
+    assert (after.num_paused, after.num_free_blocks) == (0, 12)
+    assert sched.pauses.num_held_blocks == 0 and not sched.has_unfinished()

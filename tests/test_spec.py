@@ -80,7 +80,7 @@ def test_spec_metrics_on_outputs(tiny_loopy):
     llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False,
               speculative=SpecConfig(method="ngram", policy="fixed", max_draft_tokens=4))
     out = llm.generate(prompt_token_ids=[PROMPTS[2]], sampling_params=GREEDY)[0]
-    spec = out.metrics.extra["spec"]
+    spec = out.metrics.spec
     assert spec["num_draft_tokens"] >= spec["num_accepted_tokens"] > 0
     assert 1.0 < spec["mean_accepted_length"] <= 5.0
     assert sum(spec["chosen_lengths"].values()) >= 1

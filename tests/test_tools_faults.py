@@ -82,7 +82,7 @@ def test_calculator_round_trip_and_faults(setup):
     huge = add([tool('{"name": "huge", "arguments": {"n": "10485760"}}'), " long."])      # 10 MB
     plain = add(["Just text, no tools."], tools=False)
     outs = run()
-    log = {rid: outs[rid].metrics.extra.get("tools", []) for rid in outs}
+    log = {rid: outs[rid].metrics.tool_calls for rid in outs}
     assert log[ok][0]["result"] == "20" and not log[ok][0]["error"]
     assert outs[ok].text.endswith(" it is twenty.") and outs[ok].finish_reason == "stop"
     assert "unknown tool 'teleport'" in log[unknown][0]["result"] and log[unknown][0]["error"]
@@ -90,7 +90,7 @@ def test_calculator_round_trip_and_faults(setup):
     assert "ValueError: boom" in log[raises][0]["result"]
     assert "timed out" in log[timeout][0]["result"]
     assert log[huge][0]["result"].startswith("z" * 100) and "[truncated 10485660 characters]" in log[huge][0]["result"]
-    assert outs[plain].text == "Just text, no tools." and "tools" not in outs[plain].metrics.extra
+    assert outs[plain].text == "Just text, no tools." and outs[plain].metrics.tool_calls == []
     for rid in (unknown, malformed, raises, timeout, huge):
         assert outs[rid].finish_reason == "stop"            # each carried on after its error message
     stats = eng.stats()
@@ -106,7 +106,7 @@ def test_more_tool_calls_than_allowed_finishes_with_tool_limit(setup):
     fine = add([call, " done."], max_tool_calls=2)
     outs = run()
     assert outs[greedy].finish_reason == "tool_limit"
-    assert len(outs[greedy].metrics.extra["tools"]) == 2
+    assert len(outs[greedy].metrics.tool_calls) == 2
     assert outs[fine].finish_reason == "stop"
     kv = eng.scheduler.kv
     assert kv.num_free_blocks == kv.num_blocks

@@ -48,7 +48,7 @@ def test_every_kv_action_resumes_to_the_same_tokens(llm, action):
     assert counts[action] >= 4                           # 2 requests x 2 pauses took this action
     kv = llm.engine.scheduler.kv
     assert kv.num_free_blocks == kv.num_blocks and kv.num_free_host_blocks == kv.num_host_blocks
-    tools = out[0].metrics.extra["tools"]
+    tools = out[0].metrics.tool_calls
     assert [t["tool"] for t in tools] == ["script", "script"] and tools[0]["duration_s"] >= 0.02
 
 

@@ -18,7 +18,9 @@ class RequestMetrics:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)   # speculation / tool counters
+    spec: dict[str, Any] | None = None      # speculation counters (SpecStats.as_dict()), if it drafted
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)   # one entry per tool call it made
+    predicted_output_tokens: float | None = None   # AugServe Stage I's output-length prediction, if made
 
     @property
     def ttft(self) -> float | None:

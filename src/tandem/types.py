@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from tandem.sampling_params import SamplingParams
 
@@ -137,7 +136,12 @@ class Request:
     num_tool_calls: int = 0
     pause: PauseState | None = None
     last_resumed: float | None = None    # when the last tool result arrived (Stage II signals)
-    extra: dict[str, Any] = field(default_factory=dict)
+    # What the policies and the KV manager keep about a request (typed fields, no string keys):
+    tool_key: str | None = None          # its tool family / workload type (predictor feature, stats key)
+    arrival_seq: int | None = None       # admission order, set by the scheduler (the orderings' tie-break)
+    predicted_output_tokens: float | None = None   # Stage I's output-length prediction, made once
+    stage1_s: float | None = None        # Stage I's predicted service time, made once
+    block_hashes: list = field(default_factory=list)  # its full blocks' prefix-cache hashes so far
 
     def __post_init__(self) -> None:
         if not self.token_ids:

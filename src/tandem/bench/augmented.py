@@ -52,7 +52,7 @@ def train_predictor(tok, num_requests: int, seed: int, tokens: float, tool_time:
     samples = []
     for i, req in enumerate(scaled(r, tokens, tool_time) for r in sample_augmented(num_requests, random.Random(seed))):
         r = Request(f"train-{i}", prompt_ids(tok, req, rng), SamplingParams(max_tokens=req.output_tokens))
-        r.extra["tool_key"] = req.type
+        r.tool_key = req.type
         samples.append((r, req.output_tokens, calls_of(req.segments)))
     state = fit(samples)
     state["trained_on"].update(dataset="augmented", seed=seed, builder="engine", token_scale=tokens,
@@ -91,13 +91,13 @@ def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], sl
 
 def _record(out, req: AugmentedRequest, slo: tuple[float, float]) -> dict[str, Any]:
     m = out.metrics
-    tool_s = sum(t["duration_s"] for t in m.extra.get("tools", []))
+    tool_s = sum(t["duration_s"] for t in m.tool_calls)
     n = max(1, len(out.token_ids))
     norm = (m.e2e_latency - tool_s) / n
     return {"type": req.type, "output_tokens": len(out.token_ids), "ttft_s": m.ttft, "e2e_s": m.e2e_latency,
             "tool_s": tool_s, "norm_latency_s": norm, "calls": req.num_calls,
             "slo_met": m.ttft <= slo[0] and norm <= slo[1],
-            "predicted_len": m.extra.get("predicted_output_tokens")}
+            "predicted_len": m.predicted_output_tokens}
 
 
 def _summary(policy: str, records: list[dict], duration: float, sched, preempt0: int) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class VirtualClock:
 
 def _record(spec: SimRequest, out: RequestOutput) -> RequestRecord:
     m = out.metrics
-    tools = m.extra.get("tools", [])
+    tools = m.tool_calls
     tool_time = sum(s.api_time_s for s in spec.segments[:len(tools)])
     return RequestRecord(spec.request_id, spec.kind, spec.arrival_s, m.num_prompt_tokens, m.num_output_tokens,
                          m.first_token_time, m.finished_time, out.outputs[0].finish_reason, tool_time,

@@ -104,7 +104,7 @@ def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, nu
                 records.append({"kind": kinds.pop(out.request_id), "output_tokens": n, "ttft_s": m.ttft,
                                 "e2e_s": m.e2e_latency,
                                 "tpot_s": (m.e2e_latency - m.ttft) / (n - 1) if n > 1 else None,
-                                "spec": m.extra.get("spec")})
+                                "spec": m.spec})
     wall = time.perf_counter() - t0
     stats = eng.scheduler.spec_stats
     ee = eng.executor.spec.early_exit if eng.executor.spec is not None else None

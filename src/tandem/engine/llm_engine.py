@@ -10,6 +10,7 @@ way out. Decisions belong to the scheduler; computation to the executor.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -139,7 +140,7 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, ids, params) if self.tokenizer is not None else None
         self._states[rid] = _ReqState(request, prompt, detok, [] if params.logprobs is not None else None)
         if tool_options is not None:
-            request.extra["tool_key"] = tool_options.key
+            request.tool_key = tool_options.key
             self.tools.watch(rid, tool_options)
         self.scheduler.add_request(request)
         self.num_prompt_tokens += len(ids)
@@ -264,34 +265,16 @@ class LLMEngine:
             first_token_time=r.times.first_token, finished_time=r.times.finished,
             num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=len(state.token_ids),
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
-            extra=self._extra(state))
+            spec=r.spec.as_dict() if r.spec.chosen_lengths else None, tool_calls=list(state.tool_log),
+            predicted_output_tokens=r.predicted_output_tokens)
         completion = CompletionOutput(0, text, list(state.token_ids), reason,
                                       list(state.logprobs) if state.logprobs is not None else None)
         return RequestOutput(r.request_id, state.prompt, r.prompt_token_ids, [completion], finished, metrics,
                              delta_text=delta, delta_token_ids=list(delta_ids))
 
-    @staticmethod
-    def _extra(state: _ReqState) -> dict:
-        r, extra = state.request, {}
-        if r.spec.chosen_lengths:
-            extra["spec"] = r.spec.as_dict()
-        if state.tool_log:
-            extra["tools"] = list(state.tool_log)
-        if "_pred_len" in r.extra:
-            extra["predicted_output_tokens"] = r.extra["_pred_len"]
-        return extra
-
     def stats(self) -> EngineStats:
-        kv = self.scheduler.kv
         return EngineStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            kv_usage=kv.usage, num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
-            num_preemptions=self.scheduler.num_preemptions, num_steps=self.scheduler.num_steps,
+            **dataclasses.asdict(self.scheduler.stats()),
             num_prompt_tokens=self.num_prompt_tokens, num_generation_tokens=self.num_generation_tokens,
-            prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens,
-            num_paused=self.scheduler.num_paused,
             tool_num_calls=self.tools.num_calls if self.tools else 0,
-            tool_num_errors=self.tools.num_errors if self.tools else 0,
-            spec_num_drafts=self.scheduler.spec_stats.num_steps,
-            spec_num_draft_tokens=self.scheduler.spec_stats.num_draft_tokens,
-            spec_num_accepted_tokens=self.scheduler.spec_stats.num_accepted_tokens)
+            tool_num_errors=self.tools.num_errors if self.tools else 0)

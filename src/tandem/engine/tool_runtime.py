@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import enum
 import json
 import threading
 from dataclasses import dataclass, field
@@ -24,6 +25,19 @@ from typing import Any, Callable
 
 from tandem.tools.parsers.hermes import CLOSE, OPEN, parse_call
 from tandem.tools.registry import ToolRegistry
+
+
+class ScriptedCall(enum.Enum):
+    """What `on_tokens` returns when a scripted request's segment ends (instead of a call's text)."""
+    SEGMENT_END = "segment end"
+
+
+class _Outcome(enum.Enum):
+    """How a call's future ended; its value (result, error text, return tokens) comes with it."""
+    OK = "ok"
+    SCRIPTED = "scripted"       # a scripted pause: the value is the number of tokens it returns
+    REFUSED = "refused"         # malformed or unknown: never ran
+    RAISED = "raised"           # the tool raised, or the workers refused it
 
 _FILLER = " the result of the tool call is"
 
@@ -159,8 +173,9 @@ class ToolRuntime:
         w = self._watch.get(request_id)
         return w.segment if w else 0
 
-    def on_tokens(self, request_id: str, new_text: str, num_new_tokens: int) -> str | None:
-        """Feed a step's output; returns the raw tool call (or a script marker) if one completed."""
+    def on_tokens(self, request_id: str, new_text: str, num_new_tokens: int) -> str | ScriptedCall | None:
+        """Feed a step's output; returns the raw tool call (or the end of a scripted segment) if one
+        completed."""
         w = self._watch.get(request_id)
         if w is None:
             return None
@@ -176,7 +191,7 @@ class ToolRuntime:
         w.segment += 1
         return raw
 
-    def _scripted(self, w: _Watch, num_new_tokens: int) -> str | None:
+    def _scripted(self, w: _Watch, num_new_tokens: int) -> ScriptedCall | None:
         script = w.options.script
         if w.segment >= len(script) - 1:          # the last segment ends with the request
             return None
@@ -185,21 +200,21 @@ class ToolRuntime:
             return None
         w.segment_tokens = 0
         w.segment += 1
-        return "__script__"
+        return ScriptedCall.SEGMENT_END
 
     def over_limit(self, request_id: str) -> bool:
         w = self._watch[request_id]
         return w.options.script is None and w.segment > w.options.max_tool_calls
 
     # --- running calls ---------------------------------------------------------------------
-    def start(self, request_id: str, raw: str, now: float) -> tuple[str, float | None]:
+    def start(self, request_id: str, raw: str | ScriptedCall, now: float) -> tuple[str, float | None]:
         """Start the call; returns (tool name, expected duration if known from the script)."""
         w = self._watch[request_id]
         self.num_calls += 1
-        if raw == "__script__":
+        if isinstance(raw, ScriptedCall):
             _, api_time, ret = w.options.script[w.segment - 1]
             fut: cf.Future = cf.Future()
-            fut.set_result(("__script__", ret))
+            fut.set_result((_Outcome.SCRIPTED, ret))
             self._running[request_id] = (fut, now, now + api_time, "script")
             return w.options.key, api_time
         call = parse_call(raw.strip())
@@ -209,7 +224,7 @@ class ToolRuntime:
         if call is None or tool is None or not allowed:
             msg = (f"error: malformed tool call {raw.strip()[:200]!r}" if call is None else f"error: unknown tool {name!r}")
             fut = cf.Future()
-            fut.set_result(("__error__", msg))
+            fut.set_result((_Outcome.REFUSED, msg))
             self._running[request_id] = (fut, now, now, name)
             return name, 0.0
         args = json.loads(call.arguments)
@@ -239,10 +254,10 @@ class ToolRuntime:
         try:
             kind, value = fut.result()
         except Exception as e:   # the workers refused the call (too many hung ones)
-            kind, value = "__raised__", f"error: {e}"
-        if kind == "__script__":
+            kind, value = _Outcome.RAISED, f"error: {e}"
+        if kind is _Outcome.SCRIPTED:
             return ToolEvent(rid, name, "", False, dict(log, return_tokens=value))
-        if kind in ("__error__", "__raised__"):
+        if kind in (_Outcome.REFUSED, _Outcome.RAISED):
             self.num_errors += 1
             return ToolEvent(rid, name, str(value), True, log)
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
@@ -301,8 +316,8 @@ def _valid_unicode(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _invoke(fn, args: dict[str, Any]) -> tuple[str, Any]:
+def _invoke(fn, args: dict[str, Any]) -> tuple[_Outcome, Any]:
     try:
-        return "__ok__", fn(**args)
+        return _Outcome.OK, fn(**args)
     except Exception as e:  # the tool's own failure becomes the model's error message
-        return "__raised__", f"error: {type(e).__name__}: {e}"
+        return _Outcome.RAISED, f"error: {type(e).__name__}: {e}"

@@ -230,7 +230,7 @@ class KVCacheManager:
         """The request's block hashes computed so far. Kept on the request, not here: its tokens only
         grow, so they stay valid when its KV is freed and recomputed (after a discard or a
         preemption, which would otherwise re-hash the whole context) and go away with it."""
-        return request.extra.setdefault("_kv_block_hashes", [])
+        return request.block_hashes
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         if not self.enable_prefix_caching:

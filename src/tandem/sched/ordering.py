@@ -27,6 +27,10 @@ class Ordering(Protocol):
     def key(self, request: Request, now: float) -> tuple:
         ...
 
+    def observe_memory(self, kv_usage: float) -> None:
+        """The KV cache's usage in [0, 1] before this step's keys are read."""
+        ...
+
 
 class FCFS:
     """First come, first served. With `resubmit_on_resume` (vLLM's behaviour when a client runs a
@@ -39,16 +43,19 @@ class FCFS:
     def __init__(self, resubmit_on_resume: bool = False) -> None:
         self.resubmit_on_resume = resubmit_on_resume
 
+    def observe_memory(self, kv_usage: float) -> None:
+        pass                                # arrival order does not depend on memory
+
     def key(self, request: Request, now: float) -> tuple:
         since = request.arrival_time
         if self.resubmit_on_resume and request.last_resumed is not None:
             since = request.last_resumed
-        return (since, request.extra.get("_seq", 0))
+        return (since, request.arrival_seq or 0)
 
 
 def tool_key(request: Request) -> str:
     """Which tool statistics describe this request: its workload type or tool, if known."""
-    return str(request.extra.get("tool_key", "default"))
+    return "default" if request.tool_key is None else str(request.tool_key)
 
 
 class AugServeOrdering:
@@ -62,7 +69,10 @@ class AugServeOrdering:
         self.aging = aging
         self.decode_token_s = decode_token_s
         self.prefill_token_s = prefill_token_s
-        self.memory_pressure = 0.0          # KV usage in [0, 1], set by the scheduler each step
+        self.memory_pressure = 0.0          # KV usage in [0, 1], from the scheduler each step
+
+    def observe_memory(self, kv_usage: float) -> None:
+        self.memory_pressure = kv_usage
 
     def service_time(self, r: Request, pending_tokens: int) -> float:
         remaining = max(1.0, self.lengths.predict(r) - r.num_output_tokens)
@@ -72,12 +82,11 @@ class AugServeOrdering:
         return remaining * self.decode_token_s + pending_tokens * self.prefill_token_s + calls_left * per_call
 
     def key(self, r: Request, now: float) -> tuple:
-        seq = r.extra.get("_seq", 0)
+        seq = r.arrival_seq or 0
         if not self.dynamic:
-            v = r.extra.get("_stage1")
-            if v is None:
-                v = r.extra["_stage1"] = self.service_time(r, r.num_prompt_tokens)
-            return (1, v, seq)
+            if r.stage1_s is None:
+                r.stage1_s = self.service_time(r, r.num_prompt_tokens)
+            return (1, r.stage1_s, seq)
         since = r.last_resumed if r.last_resumed is not None else r.arrival_time
         waited = now - since
         if waited >= self.max_wait_s:

@@ -59,6 +59,16 @@ class PauseBook:
         self.num_actions[action] += 1
         return action
 
+    @property
+    def num_paused(self) -> int:
+        return len(self.paused)
+
+    def drop(self, r: Request) -> None:
+        """A paused request ended (aborted, or finished by its caller): forget it; its KV is the
+        scheduler's to free."""
+        del self.paused[r.request_id]
+        self._holding.discard(r.request_id)
+
     def resume(self, r: Request, token_ids: list[int], now: float) -> None:
         del self.paused[r.request_id]
         self._holding.discard(r.request_id)

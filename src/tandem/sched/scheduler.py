@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass
 
 from tandem.config import SchedulerConfig
 from tandem.errors import ConfigError
@@ -34,6 +35,25 @@ from tandem.sched.preemption import choose_victim
 from tandem.sched.spec_length import DraftLengthPolicy, FrontierChooser
 from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SeqUpdate, SpecStats,
                           StepPlan, StepResult)
+
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """`Scheduler.stats()`: counts now and counters since start."""
+    num_running: int
+    num_waiting: int
+    num_paused: int                     # requests paused on a tool call (AugServe)
+    num_preemptions: int
+    num_steps: int
+    kv_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    prefix_cache_queries: int           # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int
+    spec_num_drafts: int                # verification rounds with >= 1 draft token
+    spec_num_draft_tokens: int
+    spec_num_accepted_tokens: int
 
 
 class Scheduler:
@@ -74,7 +94,8 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        request.extra.setdefault("_seq", next(self._counter))
+        if request.arrival_seq is None:
+            request.arrival_seq = next(self._counter)
         self.requests[request.request_id] = request
         self._push_waiting(request, request.arrival_time)
 
@@ -94,7 +115,7 @@ class Scheduler:
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         elif request.status is RequestStatus.PAUSED_TOOL:
-            del self.pauses.paused[request.request_id]
+            self.pauses.drop(request)
         self.kv.free(request)
         if reason is not FinishReason.ABORT:
             self.policy.lengths.observe(request, request.num_output_tokens)
@@ -117,7 +138,18 @@ class Scheduler:
 
     @property
     def num_paused(self) -> int:
-        return len(self.pauses.paused)
+        return self.pauses.num_paused
+
+    def stats(self) -> SchedulerStats:
+        """A snapshot of the scheduler's and its KV manager's counters (what engines report)."""
+        kv = self.kv
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting), num_paused=self.pauses.num_paused,
+            num_preemptions=self.num_preemptions, num_steps=self.num_steps, kv_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
+            prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens,
+            spec_num_drafts=self.spec_stats.num_steps, spec_num_draft_tokens=self.spec_stats.num_draft_tokens,
+            spec_num_accepted_tokens=self.spec_stats.num_accepted_tokens)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -159,8 +191,7 @@ class Scheduler:
     def schedule(self, now: float) -> StepPlan:
         self.num_steps += 1
         self._step_catch_up = 0                 # tokens the proposer must read before drafting
-        if hasattr(self.ordering, "memory_pressure"):
-            self.ordering.memory_pressure = self.kv.usage
+        self.ordering.observe_memory(self.kv.usage)
         if self.ordering.dynamic:
             self.waiting.sort(key=lambda r: self.ordering.key(r, now))
         budget = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks, self.pauses.num_held_blocks)

@@ -114,7 +114,7 @@ class ReplicaEngine(SimEngine):
         token_ids, hashes = self._prompts.pop(spec.request_id)
         params = SamplingParams(max_tokens=max(1, spec.output_tokens), temperature=0.0, ignore_eos=True)
         request = Request(spec.request_id, token_ids, params, arrival_time=now)
-        request.extra["_kv_block_hashes"] = hashes     # the KV manager's per-request hash memo
+        request.block_hashes = hashes                  # the KV manager's per-request hash memo
         return request
 
     def _close(self, request: Request, now: float, reason: str) -> None:
@@ -198,7 +198,7 @@ class Cluster:
             return
         if request.num_tokens + p.session.turns[nxt].new_tokens >= replica.max_model_len:
             return                                    # the conversation would not fit: it ends here
-        self._context[p.session.session_id] = (list(request.token_ids), request.extra["_kv_block_hashes"])
+        self._context[p.session.session_id] = (list(request.token_ids), request.block_hashes)
         s = p.session
         self.loop.push([event(now + s.turns[nxt].gap_s, ORDER_ARRIVAL, lambda t, s=s, n=nxt: self._go(s, n, t))])
 

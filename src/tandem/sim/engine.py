@@ -116,7 +116,7 @@ class SimEngine:
             return []
         request = self._new_request(spec, index, now)
         if spec.has_tools:
-            request.extra["tool_key"] = spec.kind
+            request.tool_key = spec.kind
             self._cursors[rid] = ScriptCursor(spec.segments)
         self._requests[rid] = request
         self.executor.add_request(rid, spec.acceptance)
@@ -183,7 +183,7 @@ class SimEngine:
     # --- tool calls ------------------------------------------------------------------------
     def _pause(self, rid: str, seg: Segment, now: float) -> Event:
         hint = seg.api_time_s if self.config.tool_time_hint == "oracle" else None
-        self.scheduler.pause_request(rid, now, hint, tool=self._requests[rid].extra["tool_key"])
+        self.scheduler.pause_request(rid, now, hint, tool=self._requests[rid].tool_key)
         deadline = now + seg.api_time_s
         self._tools[rid] = seg.return_tokens
         heapq.heappush(self._deadlines, (deadline, next(self._tool_order), rid))

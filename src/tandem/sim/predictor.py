@@ -36,7 +36,7 @@ def as_request(spec: SimRequest, index: int) -> Request:
     params = SamplingParams(max_tokens=max(1, spec.output_tokens), temperature=0.0, ignore_eos=True)
     r = Request(spec.request_id, prompt_token_ids(index, spec.prompt_tokens), params)
     if spec.has_tools:
-        r.extra["tool_key"] = spec.kind
+        r.tool_key = spec.kind
     return r
 
 
