@@ -143,3 +143,19 @@ def test_aborting_a_paused_request_frees_its_kept_kv_and_the_stats_say_so():
     after = sched.stats()
     assert (after.num_paused, after.num_free_blocks) == (0, 12)
     assert sched.pauses.num_held_blocks == 0 and not sched.has_unfinished()
+
+
+def test_the_next_plan_names_requests_whose_kv_a_pause_freed_or_moved():
+    """The runner keeps per-request state tied to KV blocks (a draft model's own KV): a discard or
+    a swap voids it, so the next plan says which requests lost their blocks; a preserve does not."""
+    for action, released in ((KVAction.DISCARD, ["a"]), (KVAction.SWAP, ["a"]), (KVAction.PRESERVE, [])):
+        sched = make(num_blocks=12, action=action)
+        a = req("a", 24)
+        sched.add_request(a)
+        run_step(sched)
+        a.num_draft_seen = 25
+        assert sched.pause_request("a", 0.0, 1.0) is action
+        sched.add_request(req("b", 4))
+        assert sched.schedule(1.0).released_ids == released, action
+        assert a.num_draft_seen == (0 if released else 25)
+        assert sched.schedule(1.0).released_ids == []

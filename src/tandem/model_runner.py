@@ -42,6 +42,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
         result = StepResult()
+        if self.spec is not None:               # their KV is gone or moved: so is the draft model's
+            for rid in plan.preempted_ids + plan.released_ids:
+                self.spec.release(rid)
         if plan.swap_out:
             self._copy_blocks(plan.swap_out, self.cache, self.host)
         if plan.swap_in:

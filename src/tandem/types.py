@@ -216,6 +216,9 @@ class StepPlan:
 
     seqs: list[ScheduledSeq] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    # KV freed or moved outside a preemption (a paused request's discard or swap, a waiting one's
+    # freed): what the runner keeps per request and position (a draft model's own KV) is void.
+    released_ids: list[str] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)   # (device block, host block) copies
     swap_in: list[tuple[int, int]] = field(default_factory=list)    # (host block, device block) copies
     # Verification frontier the scheduler chose for this step's drafts (SpecConfig.adaptive_frontiers):

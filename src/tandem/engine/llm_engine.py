@@ -191,6 +191,8 @@ class LLMEngine:
                 return []
         plan = self.scheduler.schedule(start)
         if plan.is_empty:
+            if plan.preempted_ids or plan.released_ids:
+                self.executor.execute(plan)     # computes nothing; drops state tied to freed KV
             return []
         result = self.executor.execute(plan)
         now = self.clock()

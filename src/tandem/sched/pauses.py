@@ -26,6 +26,7 @@ class PauseBook:
         self.paused: dict[str, Request] = {}
         self._holding: set[str] = set()     # paused requests that kept device blocks (read every step)
         self.pending_swap_out: list[tuple[int, int]] = []
+        self.released: list[str] = []       # requests whose device KV was freed or moved (for the plan)
         self._swapped_this_step = 0
         self.num_actions = {a: 0 for a in KVAction}
 
@@ -46,9 +47,11 @@ class PauseBook:
         if action is KVAction.SWAP:
             self.pending_swap_out.extend(self.kv.swap_out(r))
             self._swapped_this_step += nblocks
+            self._release(r)
         elif action is KVAction.DISCARD:
             self.kv.free(r)
             r.num_computed_tokens = 0
+            self._release(r)
         else:
             held = nblocks
             self._holding.add(r.request_id)
@@ -88,10 +91,20 @@ class PauseBook:
         self.kv.free(victim)
         victim.num_computed_tokens = 0
         victim.pause.action, victim.pause.num_held_blocks = KVAction.DISCARD, 0
+        self._release(victim)
         return True
+
+    def _release(self, r: Request) -> None:
+        """r's device KV is gone or will move blocks: so is whatever a draft model read of it."""
+        r.num_draft_seen = 0
+        self.released.append(r.request_id)
 
     def take_swap_outs(self) -> list[tuple[int, int]]:
         out, self.pending_swap_out = self.pending_swap_out, []
+        return out
+
+    def take_released(self) -> list[str]:
+        out, self.released = self.released, []
         return out
 
     def end_step(self) -> None:

@@ -205,6 +205,7 @@ class Scheduler:
             budget = self._assign_drafts(plan, budget)
         if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
             self._schedule_waiting(plan, budget, now)
+        plan.released_ids = self.pauses.take_released()
         self.kv.end_step()
         self.pauses.end_step()
         self._step_started = now
@@ -320,6 +321,8 @@ class Scheduler:
             if r is not exclude and self.kv.num_blocks_of(r.request_id):
                 self.kv.free(r)
                 r.num_computed_tokens = 0
+                r.num_draft_seen = 0
+                self.pauses.released.append(r.request_id)
                 return True
         return False
 

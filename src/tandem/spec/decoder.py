@@ -55,8 +55,6 @@ class SpecDecoder:
         self.step_frontier = self.frontier_size if plan.frontier_size is None else plan.frontier_size
         self.draft_s = self.draft_pass_s = 0.0
         seqs = [s for s in plan.seqs if s.num_draft_tokens > 0]
-        for rid in plan.preempted_ids:
-            self.proposer.release(rid)
         if not seqs:
             return {}
         started = time.perf_counter()
