@@ -9,8 +9,8 @@ expects E_i(k) = sum_{j<=k} prod_{m<=j} a_i(m) accepted tokens (+1 the target al
 policy picks k_i (0 allowed) to maximise  sum_i (1 + E_i(k_i)) / step_time(T + sum_i k_i), where T
 is the step's tokens without drafts and step_time comes from a cost model learned online from
 the engine's own steps. Adding one draft token to request i gains prod_{m<=k_i+1} a_i(m) tokens
-and costs step_time(T+1) - step_time(T); the gains of one request shrink with k, so adding the
-best remaining token while it pays is optimal for a cost that is linear between profile points.
+and costs step_time(T+1) - step_time(T); the gains of one request shrink with k, so for m draft
+tokens the m best-scored slots are the best choice, and the best m is found by scoring each.
 With a draft model each draft position also costs one proposer pass (the deepest draft sets the
 number of passes). A dead band keeps last step's lengths unless the new choice is clearly better
 (no flapping), and a batch size the cost model has not measured yet runs plain first: drafting is
@@ -103,13 +103,14 @@ class BatchSizeTable(_NoLearning):
 
 def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
                 cost: StepCostModel, depth_aware: bool = False, start_s: list[float] | None = None) -> list[int]:
-    """Draft lengths from admitting (request, position) slots best-first while the marginal slot pays.
+    """Draft lengths from admitting (request, position) slots best-first, as many as pay best.
 
     Slot (i, j) survives verification with probability prod_{m<=j} est[i][m-1]; a request's slots
-    come in position order (the product only falls). With G expected tokens and T tokens in the
-    step so far, the next slot (score s) pays iff (G + s) / t(T + 1) > G / t(T), where t is the
-    cost model's time at each size (its local line there, not the base size's line carried
-    forward: verifying 36 rows on 2 cores costs twice what the line at 4 rows says).
+    come in position order (the product only falls). Admitting the m best slots gives
+    (n + G_m) / t(T + m) tokens per second (G_m their summed survival, T the step's tokens without
+    drafts); the m with the highest rate wins, where t is the cost model's time at each size (its
+    local line there, not the base size's line carried forward: verifying 36 rows on 2 cores
+    costs twice what the line at 4 rows says).
 
     `depth_aware`: the step also costs one proposer pass, `cost.draft_pass_s(rows)`, per position
     of its deepest draft (a draft model runs once per position). Then each cap D on the depth is
