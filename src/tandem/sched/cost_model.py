@@ -16,10 +16,10 @@ which run no forward). The local lines are fitted to the *target's* share, durat
 rows: with a draft model (or layer-skip drafting) every draft position costs one more pass
 whatever the number of rows. A median, because a request's first drafting step also feeds the
 draft model its whole prompt (a catch-up pass ten times the usual); what catching up costs per
-token is learned apart (`catch_up_s_per_token`, from the draft time the passes do not explain). Inferring the per-position
-cost from total step times cannot work: when every request drafts the same k, tokens and depth
-move together and least squares cannot tell them apart (it chose 8 drafts at 4 streams where no
-draft pays). No clock here: durations come in from outside.
+token is learned apart (`catch_up_s_per_token`, from the draft time the passes do not explain).
+Inferring the per-position cost from total step times cannot work: when every request drafts the
+same k, tokens and depth move together and least squares cannot tell them apart (it chose 8
+drafts at 4 streams where no draft pays). No clock here: durations come in from outside.
 """
 
 from __future__ import annotations

@@ -47,11 +47,11 @@ class PauseBook:
         if action is KVAction.SWAP:
             self.pending_swap_out.extend(self.kv.swap_out(r))
             self._swapped_this_step += nblocks
-            self._release(r)
+            self.mark_released(r)
         elif action is KVAction.DISCARD:
             self.kv.free(r)
             r.num_computed_tokens = 0
-            self._release(r)
+            self.mark_released(r)
         else:
             held = nblocks
             self._holding.add(r.request_id)
@@ -91,11 +91,12 @@ class PauseBook:
         self.kv.free(victim)
         victim.num_computed_tokens = 0
         victim.pause.action, victim.pause.num_held_blocks = KVAction.DISCARD, 0
-        self._release(victim)
+        self.mark_released(victim)
         return True
 
-    def _release(self, r: Request) -> None:
-        """r's device KV is gone or will move blocks: so is whatever a draft model read of it."""
+    def mark_released(self, r: Request) -> None:
+        """r's device KV is gone or will move blocks (here or in the scheduler): so is whatever a
+        draft model read of it; the next plan says so."""
         r.num_draft_seen = 0
         self.released.append(r.request_id)
 

@@ -37,7 +37,6 @@ from tandem.types import (FinishReason, KVAction, Request, RequestStatus, Schedu
                           StepPlan, StepResult)
 
 
-
 @dataclass(frozen=True)
 class SchedulerStats:
     """`Scheduler.stats()`: counts now and counters since start."""
@@ -321,8 +320,7 @@ class Scheduler:
             if r is not exclude and self.kv.num_blocks_of(r.request_id):
                 self.kv.free(r)
                 r.num_computed_tokens = 0
-                r.num_draft_seen = 0
-                self.pauses.released.append(r.request_id)
+                self.pauses.mark_released(r)
                 return True
         return False
 
