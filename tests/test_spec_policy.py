@@ -231,7 +231,7 @@ def saturated_gpu_cost() -> StepCostModel:
 
 
 def test_frontiers_chosen_only_where_pruning_pays():
-    from tandem.sched.spec_length import frontier_pays
+    from tandem.sched.frontiers import frontier_pays
 
     rejecting = [[0.3] * 8] * 256          # drafts past the first few are almost never accepted
     accepting = [[0.98] * 8] * 256
@@ -247,7 +247,7 @@ def test_frontiers_chosen_only_where_pruning_pays():
 
 
 def test_frontier_chooser_learns_acceptance_and_forgets_finished_requests():
-    from tandem.sched.spec_length import FrontierChooser
+    from tandem.sched.frontiers import FrontierChooser
 
     chooser = FrontierChooser(2, 8, saturated_gpu_cost())
     rs = reqs(256)

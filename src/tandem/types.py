@@ -259,6 +259,24 @@ class StepResult:
     draft_pass_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class SchedulerStats:
+    """`Scheduler.stats()`: counts now and counters since start."""
+    num_running: int
+    num_waiting: int
+    num_paused: int                     # requests paused on a tool call (AugServe)
+    num_preemptions: int
+    num_steps: int
+    kv_usage: float
+    num_free_blocks: int
+    num_total_blocks: int
+    prefix_cache_queries: int           # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int
+    spec_num_drafts: int                # verification rounds with >= 1 draft token
+    spec_num_draft_tokens: int
+    spec_num_accepted_tokens: int
+
+
 @dataclass
 class SeqUpdate:
     """A request's change in one step, as `Scheduler.update` reports it to the engine."""

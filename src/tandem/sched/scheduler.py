@@ -21,38 +21,20 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
 
 from tandem.config import SchedulerConfig
 from tandem.errors import ConfigError
 from tandem.kv import KVCacheManager
 from tandem.sched.budget import TpotGuard
 from tandem.sched.cost_model import StepCostModel
+from tandem.sched.frontiers import FrontierChooser
 from tandem.sched.ordering import tool_key
 from tandem.sched.pauses import PauseBook
 from tandem.sched.policies import SchedulingPolicy, make_policy
 from tandem.sched.preemption import choose_victim
-from tandem.sched.spec_length import DraftLengthPolicy, FrontierChooser
-from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SeqUpdate, SpecStats,
-                          StepPlan, StepResult)
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    """`Scheduler.stats()`: counts now and counters since start."""
-    num_running: int
-    num_waiting: int
-    num_paused: int                     # requests paused on a tool call (AugServe)
-    num_preemptions: int
-    num_steps: int
-    kv_usage: float
-    num_free_blocks: int
-    num_total_blocks: int
-    prefix_cache_queries: int           # prompt tokens looked up in the prefix cache
-    prefix_cache_hits: int
-    spec_num_drafts: int                # verification rounds with >= 1 draft token
-    spec_num_draft_tokens: int
-    spec_num_accepted_tokens: int
+from tandem.sched.spec_length import DraftLengthPolicy
+from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SchedulerStats, SeqUpdate,
+                          SpecStats, StepPlan, StepResult)
 
 
 class Scheduler:

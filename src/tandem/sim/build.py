@@ -17,7 +17,8 @@ from tandem.kv import KVCacheManager
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.spec_length import make_frontier_chooser, make_length_policy
+from tandem.sched.frontiers import make_frontier_chooser
+from tandem.sched.spec_length import make_length_policy
 from tandem.sim.cost.base import CostModel, Deployment, StepShape
 
 TOOL_TIME_HINTS = ("oracle", "predicted")

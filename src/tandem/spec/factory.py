@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from tandem.config import SpecConfig
 from tandem.errors import ConfigError
-# Re-exported: their home, tandem.sched.spec_length, is torch-free (the simulator imports it).
-from tandem.sched.spec_length import make_frontier_chooser, make_length_policy  # noqa: F401
+# Re-exported: their homes, tandem.sched.frontiers and .spec_length, are torch-free (the simulator imports them).
+from tandem.sched.frontiers import make_frontier_chooser  # noqa: F401
+from tandem.sched.spec_length import make_length_policy  # noqa: F401
 from tandem.spec.decoder import SpecDecoder
 from tandem.spec.drafter import ModelDrafter
 from tandem.spec.ngram import NgramProposer
