@@ -37,6 +37,15 @@ def run_step(sched: Scheduler, now: float = 0.0):
     return plan
 
 
+def one_prefilled(action: KVAction, rid: str, n_prompt: int) -> tuple[Scheduler, Request]:
+    """A 12-block scheduler pausing with `action`, whose one request has run its prefill step."""
+    sched = make(num_blocks=12, action=action)
+    r = req(rid, n_prompt)
+    sched.add_request(r)
+    run_step(sched)
+    return sched, r
+
+
 def test_swapped_request_comes_back_when_its_own_blocks_are_free():
     sched = make(num_blocks=12, action=KVAction.SWAP)
     a = req("a", 24)                               # 6 blocks
@@ -55,10 +64,7 @@ def test_swapped_request_comes_back_when_its_own_blocks_are_free():
 
 
 def test_head_of_queue_gets_kv_kept_by_waiting_requests_when_nothing_runs():
-    sched = make(num_blocks=12, action=KVAction.PRESERVE)
-    held = req("held", 28)                         # 7 blocks, kept through its pause
-    sched.add_request(held)
-    run_step(sched)
+    sched, held = one_prefilled(KVAction.PRESERVE, "held", 28)    # 7 blocks, kept through its pause
     assert sched.pause_request("held", 0.0, 5.0) is KVAction.PRESERVE
     assert sched.pauses.num_held_blocks == 7
     sched.resume_request("held", [9] * 3, 0.5)     # waiting again, its 7 blocks kept
@@ -132,10 +138,7 @@ def test_vllm_like_baseline_queues_a_tool_continuation_as_a_new_arrival():
 
 
 def test_aborting_a_paused_request_frees_its_kept_kv_and_the_stats_say_so():
-    sched = make(num_blocks=12, action=KVAction.PRESERVE)
-    held = req("held", 28)                         # 7 blocks, kept through its pause
-    sched.add_request(held)
-    run_step(sched)
+    sched, held = one_prefilled(KVAction.PRESERVE, "held", 28)    # 7 blocks, kept through its pause
     assert sched.pause_request("held", 0.0, 5.0) is KVAction.PRESERVE
     before = sched.stats()
     assert (before.num_paused, before.num_free_blocks, before.num_running) == (1, 5, 0)
@@ -149,10 +152,7 @@ def test_the_next_plan_names_requests_whose_kv_a_pause_freed_or_moved():
     """The runner keeps per-request state tied to KV blocks (a draft model's own KV): a discard or
     a swap voids it, so the next plan says which requests lost their blocks; a preserve does not."""
     for action, released in ((KVAction.DISCARD, ["a"]), (KVAction.SWAP, ["a"]), (KVAction.PRESERVE, [])):
-        sched = make(num_blocks=12, action=action)
-        a = req("a", 24)
-        sched.add_request(a)
-        run_step(sched)
+        sched, a = one_prefilled(action, "a", 24)
         a.num_draft_seen = 25
         assert sched.pause_request("a", 0.0, 1.0) is action
         sched.add_request(req("b", 4))
