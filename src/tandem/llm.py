@@ -26,12 +26,11 @@ from tandem.runner.attention import PagedKVCache
 from tandem.runner.device import available_memory_bytes, resolve_device, resolve_dtype, resolve_kv_dtype
 from tandem.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
+from tandem.sched.build import build_scheduler, make_speculation
 from tandem.sched.cost_model import StepCostModel
-from tandem.sched.policies import make_policy
-from tandem.sched.scheduler import Scheduler
 from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
 from tandem.tools.registry import ToolRegistry
-from tandem.spec.factory import make_frontier_chooser, make_length_policy, make_spec_decoder
+from tandem.spec.factory import make_spec_decoder
 from tandem.structured import grammar as structured_grammar
 
 log = logging.getLogger("tandem")
@@ -67,10 +66,10 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
     num_host = int(cache_cfg.swap_space_gb * 2**30 // bytes_per_block)
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)
+    grammar = (structured_grammar.GrammarBackend(tokenizer.hf, arch.vocab_size, tokenizer.eos_token_ids)
+               if structured_grammar.available() else None)
     runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed, num_host_blocks=num_host,
-                         kv_dtype=kv_dtype)
-    cost = StepCostModel()
-    policy = frontiers = None
+                         kv_dtype=kv_dtype, grammar=grammar)
     if spec_cfg is not None:
         def load_draft(path: str):
             ddir = resolve_model(path, progress)
@@ -78,25 +77,35 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
             log.info("draft model %s: weights %s", ddir.name, how)
             return draft, Tokenizer(ddir)
 
-        runner.spec = make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft)
-        policy = make_length_policy(spec_cfg, cost)
-        frontiers = make_frontier_chooser(spec_cfg, cost)
+        runner.set_speculation(make_spec_decoder(spec_cfg, runner, arch.vocab_size, tokenizer, load_draft))
     log.info("model %s: %s on %s, weights %s, %d KV blocks of %d tokens (%s), context %d, speculation %s",
              model_dir.name, dtype, device, quant, num_blocks, cache_cfg.block_size, kv_dtype, max_len, spec_cfg)
     # Seconds per token to copy KV to host and back (the min-waste rule's swap cost): per-token bytes
     # at a conservative 5 GB/s (PCIe on GPUs; a memcpy between tensors on CPUs).
     swap_s = bytes_per_block / cache_cfg.block_size / 5e9
-    sched_policy = make_policy(sched_cfg.policy, sched_cfg.max_num_batched_tokens, cost, swap_s_per_token=swap_s)
-    scheduler = Scheduler(sched_cfg, kv, sched_policy, spec_policy=policy,
-                          max_draft_tokens=spec_cfg.max_draft_tokens if spec_cfg else 0, cost=cost,
-                          swap_s_per_token=swap_s, frontiers=frontiers)
+    scheduler = build_scheduler(sched_cfg, kv, StepCostModel(), spec_cfg, swap_s_per_token=swap_s)
     runtime = ToolRuntime(tools, tokenizer) if tools is not None else None
-    grammar = None
-    if structured_grammar.available():
-        grammar = structured_grammar.GrammarBackend(tokenizer.hf, arch.vocab_size, tokenizer.eos_token_ids)
-        runner.sampler.grammar = grammar
     return LLMEngine(scheduler, runner, tokenizer, vocab_size=arch.vocab_size, max_model_len=max_len, tools=runtime,
-                     grammar=grammar, generation_defaults=defaults)
+                     grammar=grammar, generation_defaults=defaults, speculation=spec_cfg)
+
+
+def reconfigure_speculation(engine: LLMEngine, cfg: SpecConfig | None, runner: ModelRunner | None = None) -> None:
+    """Switch a built engine's speculation to `cfg` (None: off), between runs (no request in it):
+    the scheduler's draft-length side and the runner's decoder, both from `cfg`, as build_engine
+    wires them. The running proposer (and draft worker) is kept when `cfg.method` is its method;
+    an n-gram or layer-skip proposer is built otherwise (a separate draft model is loaded only
+    with the engine). The benchmarks switch policies through this and nothing else. `runner`: the
+    engine's ModelRunner where a wrapper stands in as its executor (the calibration's recorder)."""
+    runner = runner or engine.executor
+    if not isinstance(runner, ModelRunner):
+        raise TypeError(f"reconfigure_speculation needs a ModelRunner executor, not {type(runner).__name__}")
+    if engine.has_unfinished_requests():
+        raise RuntimeError("reconfigure_speculation while requests are in the engine")
+    decoder = make_spec_decoder(cfg, runner, engine.vocab_size, engine.tokenizer, reuse=runner.spec) \
+        if cfg is not None else None
+    engine.scheduler.reconfigure_speculation(make_speculation(cfg, engine.scheduler.cost))
+    runner.set_speculation(decoder)
+    engine.speculation = cfg
 
 
 KV_MIN_AUTO_BYTES = 2**29                   # an automatic KV cache gets at least 0.5 GiB (if needed)

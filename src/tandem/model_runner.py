@@ -21,7 +21,9 @@ from tandem.types import StepPlan, StepResult
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device,
-                 seed: int = 0, num_host_blocks: int = 0, kv_dtype: torch.dtype | None = None) -> None:
+                 seed: int = 0, num_host_blocks: int = 0, kv_dtype: torch.dtype | None = None,
+                 grammar=None) -> None:
+        """`grammar`: a tandem.structured.grammar.GrammarBackend for constrained requests, or None."""
         cfg = model.cfg
         kv_dtype = kv_dtype or model.dtype
         self.model = model
@@ -32,12 +34,17 @@ class ModelRunner:
         model.ops = make_ops(device)
         self.attn = AttentionBackend(self.cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops)
         self.paged_kernel = self.attn.kernel is not None
-        self.sampler = Sampler(device, seed)
-        self.spec = None            # a tandem.spec.decoder.SpecDecoder when speculation is on
+        self.sampler = Sampler(device, seed, grammar=grammar)
+        self.spec = None            # a tandem.spec.decoder.SpecDecoder when speculation is on (set_speculation)
         # Host copies of swapped-out blocks (tool pauses); pinned when the device is a GPU.
         self.host = PagedKVCache(cfg.num_layers, num_host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                                  kv_dtype, torch.device("cpu"), pin=device.type == "cuda") \
             if num_host_blocks else None
+
+    def set_speculation(self, decoder) -> None:
+        """Verify drafts with `decoder` (a SpecDecoder built over this runner's model, attention and
+        sampler, hence after the runner; None: plain decoding). Between steps only."""
+        self.spec = decoder
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:

@@ -22,14 +22,12 @@ import torch
 
 from tandem.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
 from tandem.engine.llm_engine import LLMEngine
-from tandem.llm import build_engine
+from tandem.llm import build_engine, reconfigure_speculation
 from tandem.models.fetch import resolve_model
 from tandem.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
-from tandem.sched.spec_length import FixedLength
 from tandem.sim.cost.base import shape_of
 from tandem.sim.cost.calibrated import FORMAT, SHAPE_FIELDS, fit
-from tandem.spec.factory import make_spec_decoder
 from tandem.types import StepPlan, StepResult
 
 Log = Callable[[str], None]
@@ -115,12 +113,8 @@ def _copy_bytes_per_s(mb: int = 64) -> float:
 
 def _speculate(engine: LLMEngine, runner: ModelRunner, k: int | None) -> None:
     """Attach n-gram speculation with k drafts per request (None: detach)."""
-    sched = engine.scheduler
-    if k is None:
-        runner.spec, sched.spec_policy, sched.max_draft_tokens = None, None, 0
-        return
-    runner.spec = make_spec_decoder(SpecConfig(method="ngram", max_draft_tokens=k), runner, engine.vocab_size)
-    sched.spec_policy, sched.max_draft_tokens = FixedLength(k), k
+    cfg = SpecConfig(method="ngram", policy="fixed", max_draft_tokens=k) if k is not None else None
+    reconfigure_speculation(engine, cfg, runner)
 
 
 def measure(session: _Session, runner: ModelRunner, quick: bool, log: Log) -> None:

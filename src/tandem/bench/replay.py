@@ -63,7 +63,7 @@ def _record(spec: SimRequest, out: RequestOutput) -> RequestRecord:
 def replay(engine: LLMEngine, requests: list[SimRequest], clock: WallClock | VirtualClock,
            on_add: Callable[[SimRequest], None] | None = None) -> list[RequestRecord]:
     """Run the requests through the engine; one record per request, in arrival order."""
-    engine.clock = clock.now
+    engine.set_clock(clock.now)
     order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
     pending = deque(enumerate(order))      # (rank in arrival order, as the simulator numbers prompts; index)
     records: dict[str, RequestRecord] = {}

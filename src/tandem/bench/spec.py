@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
 from tandem.bench.common import machine_info, median, percentile, write_json
 from tandem.config import SpecConfig
+from tandem.errors import ConfigError
+from tandem.llm import reconfigure_speculation
 from tandem.sampling_params import SamplingParams
 from tandem.spec.drafter import ModelDrafter
-from tandem.spec.factory import make_frontier_chooser, make_length_policy
 from tandem.workload.prompts import load_prompt_set
 
 POLICIES = {
@@ -51,34 +51,21 @@ POLICIES.update({name: POLICIES[base] for name, (base, *_) in VARIANTS.items()})
 
 
 def use_policy(llm, name: str) -> None:
-    """Swap the draft-length policy and the pruning / overlap options on a loaded engine (the proposer stays)."""
-    from tandem.errors import ConfigError
-    from tandem.spec.overlap import DraftWorker
-    from tandem.spec.pruning import EarlyExit
-
-    cfg = POLICIES[name]
-    sched = llm.engine.scheduler
-    sched.spec_policy = make_length_policy(cfg, sched.cost)
-    sched.max_draft_tokens = 0 if cfg.policy == "none" else cfg.max_draft_tokens
-    sched.spec_stats = type(sched.spec_stats)()
-    _, frontier, early_exit, overlap, auto = VARIANTS.get(name, (name, 0, False, False, False))
-    sched.frontiers = make_frontier_chooser(dataclasses.replace(cfg, frontier_size=frontier, adaptive_frontiers=True),
-                                            sched.cost) if auto else None
-    decoder = llm.engine.executor.spec
-    if decoder is not None:
-        decoder.frontier_size = frontier
-        model = llm.engine.executor.model
-        decoder.early_exit = EarlyExit(model, model.cfg.num_layers // 2, 8) if early_exit else None
-        if overlap and not isinstance(decoder.proposer, ModelDrafter):
-            raise ConfigError(f"policy {name!r} overlaps model drafting: run with --speculative draft or layerskip")
-        worker = _workers.get(decoder)
-        if overlap and worker is None:
-            worker = _workers[decoder] = DraftWorker(llm.engine.executor.device)
-        decoder.overlap = worker if overlap else None
-
-
-_workers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # decoder -> its draft worker, kept
-                                                                    # while variants without overlap run
+    """Switch a loaded engine to policy `name` (its proposer stays): the draft-length policy and,
+    for the ablation variants, frontiers, early exit and overlap, all through one
+    `reconfigure_speculation` call."""
+    engine = llm.engine
+    running = engine.speculation
+    if running is None:
+        raise ConfigError("bench spec needs an engine built with speculation (LLM(speculative=...))")
+    base, frontier, early_exit, overlap, auto = VARIANTS.get(name, (name, 0, False, False, False))
+    policy = POLICIES[base]
+    num_layers = engine.executor.model.cfg.num_layers
+    cfg = dataclasses.replace(running, policy=policy.policy, max_draft_tokens=policy.max_draft_tokens,
+                              length_table=policy.length_table, frontier_size=frontier,
+                              adaptive_frontiers=auto, overlap=overlap, draft_threads=1,
+                              early_exit_layer=num_layers // 2 if early_exit else None, early_exit_topk=8)
+    reconfigure_speculation(engine, cfg)
 
 
 def run_point(llm, items: list[tuple[str, list[int], int]], concurrency: int, num_requests: int) -> dict[str, Any]:

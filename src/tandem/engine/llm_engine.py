@@ -20,6 +20,7 @@ from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.executor import Executor
 from tandem.engine.tokenizer import Tokenizer
 from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
+from tandem.config import SpecConfig
 from tandem.errors import InvalidRequestError
 from tandem.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tandem.sampling_params import SamplingParams
@@ -73,8 +74,9 @@ class LLMEngine:
     def __init__(self, scheduler: Scheduler, executor: Executor, tokenizer: Tokenizer | None,
                  vocab_size: int, max_model_len: int, clock: Callable[[], float] = time.monotonic,
                  tools: ToolRuntime | None = None, grammar=None,
-                 generation_defaults: dict | None = None) -> None:
+                 generation_defaults: dict | None = None, speculation: SpecConfig | None = None) -> None:
         self.scheduler = scheduler
+        self.speculation = speculation      # the SpecConfig the scheduler and executor run (None: off)
         # SamplingParams fields a request that omits them gets (the model's generation_config.json,
         # tandem.models.generation_config): read by the server and by LLM.generate without params.
         self.generation_defaults: dict = dict(generation_defaults or {})
@@ -90,6 +92,12 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.last_step: StepInfo | None = None
+
+    def set_clock(self, clock: Callable[[], float]) -> None:
+        """Time requests by `clock` from now on (a replay's wall or virtual clock); between runs only."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("set_clock while requests are in the engine: their times would mix two clocks")
+        self.clock = clock
 
     # --- requests in -----------------------------------------------------------------------
     def validate(self, prompt: str | None, prompt_token_ids: list[int] | None,

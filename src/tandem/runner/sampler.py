@@ -40,7 +40,7 @@ class Sampler:
     target samples on stream 0 and a model drafter on stream 1, so drafting (possibly on another
     thread, see tandem.spec.overlap) never shares a generator with verification."""
 
-    def __init__(self, device: torch.device, seed: int = 0, stream: int = 0) -> None:
+    def __init__(self, device: torch.device, seed: int = 0, stream: int = 0, grammar=None) -> None:
         self.device = device
         self.seed = seed
         self.stream = stream
@@ -48,7 +48,7 @@ class Sampler:
         self._request_generators: dict[str, torch.Generator] = {}
         self._fused = _fused_sampler(device)     # the compiled inverse-CDF draw of plain rows, or None
         self._mask_kernel = _cpu_kernel(device, "mask_by_bits_")   # grammar bitmasks applied in place, or None
-        self.grammar = None                      # a tandem.structured.grammar.GrammarBackend, if constrained
+        self.grammar = grammar                   # a tandem.structured.grammar.GrammarBackend, if constrained
         self._matchers: dict[str, object] = {}   # request id -> its llguidance matcher
 
     def _seed(self, seed: int) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass
 
 from tandem.config import SchedulerConfig
 from tandem.errors import ConfigError
@@ -37,11 +38,21 @@ from tandem.types import (FinishReason, KVAction, Request, RequestStatus, Schedu
                           SpecStats, StepPlan, StepResult)
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """The scheduler's side of speculative decoding: each request's draft length (`length`), the
+    most drafts a request gets in a step (`max_draft_tokens`; 0 turns drafting off) and, when the
+    scheduler picks frontier sizes per step, the chooser. Built by tandem.sched.build.make_speculation."""
+    length: DraftLengthPolicy
+    max_draft_tokens: int
+    frontiers: FrontierChooser | None = None
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
-                 spec_policy: DraftLengthPolicy | None = None, max_draft_tokens: int = 0,
-                 cost: StepCostModel | None = None, swap_s_per_token: float = 5e-6,
-                 frontiers: FrontierChooser | None = None) -> None:
+                 speculation: Speculation | None = None, cost: StepCostModel | None = None,
+                 swap_s_per_token: float = 5e-6) -> None:
+        """`speculation`: the draft-length side; None: none. tandem.sched.build builds both from configs."""
         if config.max_model_len > kv.num_blocks * kv.block_size:
             raise ConfigError(f"max_model_len {config.max_model_len} exceeds the KV cache "
                               f"({kv.num_blocks * kv.block_size} tokens): a long request could never run")
@@ -53,16 +64,17 @@ class Scheduler:
         self.ordering = self.policy.ordering
         self.budget = self.policy.budget
         self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
-        self.spec_policy = spec_policy
-        self.max_draft_tokens = max_draft_tokens if spec_policy is not None else 0
-        self.frontiers = frontiers if spec_policy is not None else None   # per-step frontier choice
+        self.spec_policy: DraftLengthPolicy | None = None
+        self.max_draft_tokens = 0
+        self.frontiers: FrontierChooser | None = None     # per-step frontier choice
+        self.spec_stats = SpecStats()          # engine-wide speculation counters
+        self.requests: dict[str, Request] = {}
+        self.reconfigure_speculation(speculation)
         self.tpot_guard = (TpotGuard(config.target_tpot_s, self.cost, config.ttft_guard_s)
                            if config.target_tpot_s else None)
         self._step_started: float | None = None
         self._step_had_decodes = False
         self._step_catch_up = 0
-        self.spec_stats = SpecStats()          # engine-wide speculation counters
-        self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []      # kept sorted by the ordering's key
         self.running: list[Request] = []      # in admission order
         self._counter = itertools.count()
@@ -70,6 +82,17 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self.num_scheduled_tokens = 0     # tokens computed over the scheduler's life (prefill + decode)
+
+    def reconfigure_speculation(self, speculation: Speculation | None) -> None:
+        """Switch the draft-length side (None: off) and start its counters afresh. Only while no
+        request is in the scheduler: a policy's per-request memory belongs to the policy that
+        learned it."""
+        if self.requests:
+            raise RuntimeError(f"reconfigure_speculation with {len(self.requests)} requests in the scheduler")
+        self.spec_policy = speculation.length if speculation is not None else None
+        self.max_draft_tokens = speculation.max_draft_tokens if speculation is not None else 0
+        self.frontiers = speculation.frontiers if speculation is not None else None
+        self.spec_stats = SpecStats()
 
     # --- requests in and out ---------------------------------------------------------------
     def add_request(self, request: Request) -> None:

@@ -1,6 +1,6 @@
-"""Wiring of a simulated deployment: the same objects `tandem.llm.build_engine` builds for the real
-engine (KVCacheManager, StepCostModel, make_policy, make_length_policy, Scheduler), sized by a
-cost model's `Deployment` instead of a loaded model.
+"""Wiring of a simulated deployment: the scheduler comes from the same factory the real engine's
+does (`tandem.sched.build.build_scheduler`), over a KVCacheManager sized by a cost model's
+`Deployment` instead of a loaded model.
 
 One difference, stated: the scheduler's online step-cost model starts from points of the
 simulated cost model (what a calibrated deployment would load) rather than from its CPU-shaped
@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 
 from tandem.config import SchedulerConfig, SpecConfig
 from tandem.kv import KVCacheManager
+from tandem.sched import build as sched_build
 from tandem.sched.cost_model import StepCostModel
-from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.frontiers import make_frontier_chooser
-from tandem.sched.spec_length import make_length_policy
 from tandem.sim.cost.base import CostModel, Deployment, StepShape
 
 TOOL_TIME_HINTS = ("oracle", "predicted")
@@ -73,10 +71,5 @@ def build_scheduler(cfg: SimConfig, cost: CostModel, deployment: Deployment | No
     kv = KVCacheManager(dep.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
                         num_host_blocks=dep.num_host_blocks)
     step_cost = seeded_step_cost(cost, cfg.scheduler) if cfg.seed_step_cost else StepCostModel()
-    policy = make_policy(cfg.scheduler.policy, cfg.scheduler.max_num_batched_tokens, step_cost,
-                         swap_s_per_token=dep.swap_s_per_token, trained=cfg.predictor)
-    spec_policy = make_length_policy(cfg.spec, step_cost) if cfg.spec is not None else None
-    frontiers = make_frontier_chooser(cfg.spec, step_cost) if cfg.spec is not None else None
-    return Scheduler(cfg.scheduler, kv, policy, spec_policy=spec_policy,
-                     max_draft_tokens=cfg.spec.max_draft_tokens if cfg.spec else 0, cost=step_cost,
-                     frontiers=frontiers)
+    return sched_build.build_scheduler(cfg.scheduler, kv, step_cost, cfg.spec, swap_s_per_token=dep.swap_s_per_token,
+                                       trained=cfg.predictor)

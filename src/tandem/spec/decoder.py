@@ -29,9 +29,10 @@ def num_accepted(out: list[int], drafts: list[int]) -> int:
 
 
 class SpecDecoder:
-    def __init__(self, proposer: NgramProposer | ModelDrafter, sampler: Sampler, frontier_size: int = 0,
-                 early_exit=None, overlap=None) -> None:
+    def __init__(self, proposer: NgramProposer | ModelDrafter, sampler: Sampler, method: str = "ngram",
+                 frontier_size: int = 0, early_exit=None, overlap=None) -> None:
         self.proposer = proposer
+        self.method = method                    # the SpecConfig method that built the proposer
         self.sampler = sampler
         self.frontier_size = frontier_size      # verify in chunks of this many rows (0: one pass)
         self.step_frontier = frontier_size      # this step's: the plan's choice, else frontier_size

@@ -1,13 +1,11 @@
-"""Build the speculation pieces an engine needs from a `SpecConfig`: the executor-side decoder
-(proposer + verifier) and the scheduler-side draft-length policy."""
+"""Build the runner's side of speculation from a `SpecConfig`: the decoder (proposer + verifier,
+with its pruning and overlap options). The scheduler's side is tandem.sched.build.make_speculation;
+tandem.llm wires both."""
 
 from __future__ import annotations
 
 from tandem.config import SpecConfig
 from tandem.errors import ConfigError
-# Re-exported: their homes, tandem.sched.frontiers and .spec_length, are torch-free (the simulator imports them).
-from tandem.sched.frontiers import make_frontier_chooser  # noqa: F401
-from tandem.sched.spec_length import make_length_policy  # noqa: F401
 from tandem.spec.decoder import SpecDecoder
 from tandem.spec.drafter import ModelDrafter
 from tandem.spec.ngram import NgramProposer
@@ -15,28 +13,38 @@ from tandem.spec.overlap import DraftWorker
 from tandem.spec.pruning import EarlyExit
 
 
-def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None, load_draft=None) -> SpecDecoder:
-    """`runner` is the target's ModelRunner; `load_draft(path) -> (LlamaModel, Tokenizer)` loads a draft model."""
-    decoder = _make_decoder(cfg, runner, target_vocab, tokenizer, load_draft)
-    decoder.frontier_size = cfg.frontier_size
-    if cfg.early_exit_layer is not None:
-        decoder.early_exit = EarlyExit(runner.model, cfg.early_exit_layer, cfg.early_exit_topk)
-    if cfg.overlap:
-        decoder.overlap = DraftWorker(runner.device, cfg.draft_threads)
-    return decoder
+def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None, load_draft=None,
+                      reuse: SpecDecoder | None = None) -> SpecDecoder:
+    """`runner` is the target's ModelRunner; `load_draft(path) -> (LlamaModel, Tokenizer)` loads a
+    draft model. `reuse`: a decoder of the same method whose proposer (and draft worker) to keep,
+    as a benchmark switching options on a loaded engine does; the rest comes from `cfg`."""
+    if reuse is not None and reuse.method == cfg.method:
+        proposer = reuse.proposer
+    else:
+        proposer = _make_proposer(cfg, runner, target_vocab, tokenizer, load_draft)
+    early_exit = (EarlyExit(runner.model, cfg.early_exit_layer, cfg.early_exit_topk)
+                  if cfg.early_exit_layer is not None else None)
+    overlap = None
+    if cfg.overlap:                         # (SpecConfig has checked the method drafts with a model)
+        old = reuse.overlap if reuse is not None else None
+        overlap = old if old is not None and old.draft_threads == cfg.draft_threads else \
+            DraftWorker(runner.device, cfg.draft_threads)
+    return SpecDecoder(proposer, runner.sampler, method=cfg.method, frontier_size=cfg.frontier_size,
+                       early_exit=early_exit, overlap=overlap)
 
 
-def _make_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_draft) -> SpecDecoder:
+def _make_proposer(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_draft) -> NgramProposer | ModelDrafter:
     if cfg.method == "ngram":
-        return SpecDecoder(NgramProposer(cfg.ngram_min, cfg.ngram_max, cfg.max_draft_tokens), runner.sampler)
+        return NgramProposer(cfg.ngram_min, cfg.ngram_max, cfg.max_draft_tokens)
     model = runner.model
     if cfg.method == "layerskip":
         n = cfg.num_draft_layers or max(1, model.cfg.num_layers // 4)
         if n >= model.cfg.num_layers:
             raise ConfigError(f"num_draft_layers {n} must be below the target's {model.cfg.num_layers} layers")
-        drafter = ModelDrafter(model, runner.attn, runner.block_size, runner.device, _draft_sampler(runner),
-                               num_layers=n, shares_target_kv=True)
-        return SpecDecoder(drafter, runner.sampler)
+        return ModelDrafter(model, runner.attn, runner.block_size, runner.device, _draft_sampler(runner),
+                            num_layers=n, shares_target_kv=True)
+    if load_draft is None:
+        raise ConfigError("a draft model is loaded with the engine (tandem.llm.build_engine), not swapped in later")
     draft_model, draft_tok = load_draft(cfg.draft_model)
     _check_same_vocabulary(draft_model.cfg.vocab_size, target_vocab, draft_tok, tokenizer)
     from tandem.runner.attention import AttentionBackend, PagedKVCache
@@ -47,8 +55,7 @@ def _make_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_dr
                          runner.device)
     draft_model.ops = model.ops
     attn = AttentionBackend(cache, dc.num_heads, dc.num_kv_heads, dc.head_dim, model.ops)
-    drafter = ModelDrafter(draft_model, attn, runner.block_size, runner.device, _draft_sampler(runner))
-    return SpecDecoder(drafter, runner.sampler)
+    return ModelDrafter(draft_model, attn, runner.block_size, runner.device, _draft_sampler(runner))
 
 
 def _draft_sampler(runner):
