@@ -184,6 +184,51 @@ def test_quant_linear_i8_is_llama_cpp_arithmetic(qtype, make, reference, n, k, r
 
 
 @i8_quant
+@pytest.mark.parametrize("qtype, make", [(0, q4_1_blocks), (1, q8_0_blocks)], ids=["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 5, 100])
+def test_quant_linear_i8_takes_bfloat16_and_rounds_its_float32_sums_once(qtype, make, rows):
+    """A bfloat16 model's small steps run the 8-bit kernel on its bf16 activations: the result is
+    the float32 kernel's on the same (bf16-valued) x, rounded to bfloat16 once, bias (bf16) included."""
+    n, k = 37, 1536
+    raw, _ = make(np.random.default_rng(rows + 7 * qtype), n, k)
+    packed = kernels.quant_pack_i8(torch.from_numpy(raw), n, k, qtype)
+    x = (torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 3).bfloat16()
+    bias = torch.randn(n).bfloat16()
+    got = kernels.quant_linear_i8(x, packed, bias, n, qtype)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    assert torch.equal(got, kernels.quant_linear_i8(x.float(), packed, bias.float(), n, qtype).bfloat16())
+    assert torch.equal(kernels.quant_linear_i8(x, packed, None, n, qtype),
+                       kernels.quant_linear_i8(x.float(), packed, None, n, qtype).bfloat16())
+
+
+@i8_quant
+def test_release_shadowed_blocks_frees_weight_only_blocks_the_int8_kernel_covers():
+    """Where the 8-bit kernel takes every step size the weight-only kernel would have served
+    (max_rows <= i8_max_rows: bfloat16 models on AVX512-BF16), those blocks go; outputs stay."""
+    from tandem.models.llama import Linear
+    from tandem.models.quant import QuantWeight, release_shadowed_blocks
+    from tandem.runner.kernels import CpuKernelOps
+
+    raw, w = q4_1_blocks(np.random.default_rng(12), 64, 128)
+    data = torch.from_numpy(raw)
+    layers = []
+    for max_rows, i8_rows in [(4, 8), (8, 4)]:
+        lin = Linear(64, 128, False, torch.float32)
+        lin.weight.data = torch.from_numpy(w)
+        lin.quant = QuantWeight(data.clone(), 0, 128, max_rows=max_rows, i8=kernels.quant_pack_i8(data, 64, 128, 0),
+                                i8_max_rows=i8_rows)
+        lin.quant_ops = CpuKernelOps(kernels)
+        layers.append(lin)
+    covered, needed = layers
+    xs = [torch.randn(r, 128) for r in (2, 6, 16)]
+    before = [covered(x) for x in xs]
+    assert release_shadowed_blocks(covered) == 64 * 128 // 32 * 20
+    assert covered.quant.data.numel() == 0 and covered.quant.max_rows == 0
+    assert all(torch.equal(covered(x), b) for x, b in zip(xs, before))
+    assert release_shadowed_blocks(needed) == 0 and needed.quant.max_rows == 8
+
+
+@i8_quant
 def test_quant_linear_i8_rejects_bad_shapes_with_a_clear_error():
     raw, _ = q4_1_blocks(np.random.default_rng(0), 8, 64)
     with pytest.raises(RuntimeError, match="Q4_1 blocks"):

@@ -23,7 +23,8 @@ import torch
 from tandem.errors import ModelLoadError
 from tandem.models.llama import Linear, LlamaModel
 from tandem.models.loader import _Weights, fill_linear, fill_norms, linear_parts, load_arch
-from tandem.models.quant import RowTable, attach_blocks, choose_rows, gguf_parts, head_tensor, release_layer
+from tandem.models.quant import (RowTable, attach_blocks, choose_rows, gguf_parts, head_tensor, release_layer,
+                                 release_shadowed_blocks)
 
 log = logging.getLogger("tandem.quant")
 
@@ -92,8 +93,10 @@ class _LinearLoader:
             release_layer(linear)
             if not probe and linear.bias is not None:
                 fill_linear(linear, hf_parts, self.w, weight=False)
-        elif not probe:
-            self._dense(linear, hf_parts)
+        else:
+            release_shadowed_blocks(linear)
+            if not probe:
+                self._dense(linear, hf_parts)
 
     def _dense(self, linear: Linear, hf_parts: list) -> None:
         fill_linear(linear, hf_parts, self.w)

@@ -125,7 +125,7 @@ class Linear(nn.Module):
 
     def forward_i8(self, x: torch.Tensor) -> torch.Tensor:
         """Q4_1 / Q8_0 weights times x rounded to 8 bits per block of 32, llama.cpp's arithmetic
-        (see tandem.models.quant); float32 in and out."""
+        (see tandem.models.quant); float32 or bfloat16 in, the same out."""
         return self.quant_ops.quant_linear_i8(x, self.quant.i8, self.bias, self.out_features, self.quant.qtype)
 
     def forward_quant(self, x: torch.Tensor) -> torch.Tensor:

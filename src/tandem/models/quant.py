@@ -15,13 +15,15 @@ shape at load on this CPU (`choose_rows`): the largest row count at which the qu
 still wins.
 
 With `activations="int8"` (quantization "gguf", llama.cpp's arithmetic) the Q4_1 and Q8_0 layers of
-a float32 model (the default model's LM head is its Q8_0 embedding table) are also repacked for
+a float32 or bfloat16 model (the default model's LM head is its Q8_0 embedding table) are also repacked for
 `quant_linear_i8` (csrc/quant_i8.cpp): each call rounds x to 8 bits per block of 32 (Q8_1 / Q8_0),
 as llama.cpp and vLLM's GGUF kernels do, and runs an integer dot product (VPMADDUBSW) that does
 four times the multiply-adds of a float32 FMA per instruction. That is not the float32 function
 any more (relative error ~0.5% per layer, from the rounding of x), so it is a mode of its own;
 `choose_rows` measures up to which row count it wins (`i8_max_rows`), which on a 2-core AVX2 EPYC
-is every step size, prefill included: such a layer holds no float weights (`release_layer`).
+is every step size, prefill included: such a layer holds no float weights (`release_layer`). In a
+bfloat16 model on AVX512-BF16 it wins up to a few rows (VDPBF16PS on bf16 weights takes over
+above), and the weight-only blocks it covers are freed (`release_shadowed_blocks`).
 `RowTable` reads a GGUF matrix's rows from the file for the embedding lookup and the LM head's rows.
 """
 
@@ -41,7 +43,7 @@ log = logging.getLogger("tandem.quant")
 QTYPES = {"Q4_1": 0, "Q8_0": 1}
 SOURCE_FILE = "tandem_gguf_source.json"
 _ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-_I8_ROWS = (1, 4, 16, 64, 256)
+_I8_ROWS = (1, 2, 4, 8, 16, 64, 256)   # fine where bfloat16 kernels take over at a few rows
 _I8_COMPUTE_ROWS = 64     # from here steps are compute-bound: a few layers time the shape (load stays short)
 
 
@@ -57,7 +59,7 @@ class QuantWeight:
     in_features: int
     max_rows: int = 0           # steps of at most this many rows use the quantized kernel
     packed_bf16: bool = False
-    i8: torch.Tensor | None = None   # quant_pack_i8's records (float32 models, activations="int8")
+    i8: torch.Tensor | None = None   # quant_pack_i8's records (float32 or bfloat16 models, activations="int8")
     i8_max_rows: int = 0             # steps of at most this many rows use quant_linear_i8
 
 
@@ -169,7 +171,7 @@ def head_tensor(tensors: dict) -> str:
 
 def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], ops, activations: str) -> bool:
     """Give `linear` the GGUF blocks of `parts` (stacked in order), in the layout its dtype and
-    `activations` ("int8" also packs a float32 layer for `quant_linear_i8`) want; False, and
+    `activations` ("int8" also packs a float32 or bfloat16 layer for `quant_linear_i8`) want; False, and
     nothing attached, unless every part is one supported type and the shapes fit."""
     from tandem.models.gguf_convert import unpermute_qk
 
@@ -188,27 +190,29 @@ def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], op
                                    packed_bf16=True)
     else:
         linear.quant = QuantWeight(data, qtype, k)
-        if activations == "int8" and getattr(ops, "i8_linear_available", lambda: False)() \
-                and linear.dtype == torch.float32:
-            linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k, qtype)
+    if activations == "int8" and getattr(ops, "i8_linear_available", lambda: False)() \
+            and linear.dtype in (torch.float32, torch.bfloat16):
+        linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k, qtype)
     linear.quant_ops = ops
     return True
 
 
-def choose_rows(layers: list, repeats: int = 3, cold: bool = True) -> tuple[int, int]:
+def choose_rows(layers: list, repeats: int = 5, cold: bool = True) -> tuple[int, int]:
     """For layers of one weight shape: the largest row count (of a few) at which the weight-only
     quantized kernel beats the float path on this CPU (`max_rows`), and, where the layers have int8
     records, the largest up to which `quant_linear_i8` beats both at every probed count
-    (`i8_max_rows`; sys.maxsize past the largest probe if it still wins there). `cold` times each
-    call after evicting the caches (`_Evict`), so one layer's weights come from memory as every
-    layer's do in a step; takes a fraction of a second per shape."""
+    (`i8_max_rows`; sys.maxsize past the largest probe if it still wins there). Each verdict is the
+    median of `repeats` paired timings, the two kernels run back to back in alternating order, so a
+    VM's drift hits both alike (single timings flipped the bfloat16 crossovers from load to load).
+    `cold` times each call after evicting the caches (`_Evict`), so one layer's weights come from
+    memory as every layer's do in a step; takes about a second per shape."""
     evict = _Evict() if cold else None
-    timer = (lambda fn: _time(fn, repeats, evict))
     k, dtype = layers[0].in_features, layers[0].dtype
     best = 0
     for rows in _ROWS:
         x = torch.randn(rows, k, dtype=dtype)
-        if timer(lambda: [m.forward_quant(x) for m in layers]) < timer(lambda: [m.forward_dense(x) for m in layers]):
+        if _faster(lambda: [m.forward_quant(x) for m in layers], lambda: [m.forward_dense(x) for m in layers],
+                   repeats, evict):
             best = rows
         elif rows >= 8:
             break
@@ -217,10 +221,9 @@ def choose_rows(layers: list, repeats: int = 3, cold: bool = True) -> tuple[int,
         for rows in _I8_ROWS:
             x = torch.randn(rows, k, dtype=dtype)
             some = layers if rows < _I8_COMPUTE_ROWS else layers[:4]
-            i = timer(lambda: [m.forward_i8(x) for m in some])
-            other = (timer(lambda: [m.forward_quant(x) for m in some]) if rows <= best
-                     else timer(lambda: [m.forward_dense(x) for m in some]))
-            if i >= other:
+            other = ((lambda: [m.forward_quant(x) for m in some]) if rows <= best
+                     else (lambda: [m.forward_dense(x) for m in some]))
+            if not _faster(lambda: [m.forward_i8(x) for m in some], other, repeats, evict):
                 break
             i8_best = rows if rows < _I8_ROWS[-1] else sys.maxsize
     return best, i8_best
@@ -247,6 +250,19 @@ def release_layer(m) -> int:
     q.data = torch.empty(0, dtype=torch.uint8)
     q.max_rows = 0
     m.float_released = True
+    return freed
+
+
+def release_shadowed_blocks(m) -> int:
+    """Free the weight-only kernel's blocks of a layer where the 8-bit kernel takes every step size
+    they would have served (`max_rows <= i8_max_rows`, as `choose_rows` finds for bfloat16 models on
+    AVX512-BF16: 8-bit up to a few rows, the bfloat16 weights above). Returns the bytes freed."""
+    q = m.quant
+    if q is None or q.i8 is None or q.max_rows > q.i8_max_rows or not q.data.numel():
+        return 0
+    freed = q.data.numel() * q.data.element_size()
+    q.data = torch.empty(0, dtype=torch.uint8)
+    q.max_rows = 0
     return freed
 
 
@@ -307,13 +323,22 @@ class _Evict:
         self.buf.fill_(1)
 
 
-def _time(fn, repeats: int, evict=None) -> float:
+def _faster(a, b, repeats: int, evict=None) -> bool:
+    """True when `a` takes less time than `b`: the median of `repeats` paired ratios, each pair run
+    back to back (order alternating), after a warm-up call of each."""
+    a()
+    b()
+    ratios = []
+    for i in range(repeats):
+        first, second = (a, b) if i % 2 == 0 else (b, a)
+        t_first, t_second = _timed(first, evict), _timed(second, evict)
+        ratios.append(t_first / t_second if first is a else t_second / t_first)
+    return sorted(ratios)[len(ratios) // 2] < 1.0
+
+
+def _timed(fn, evict=None) -> float:
+    if evict is not None:
+        evict()
+    t0 = time.perf_counter()
     fn()
-    times = []
-    for _ in range(repeats):
-        if evict is not None:
-            evict()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return time.perf_counter() - t0

@@ -1,5 +1,5 @@
 // GGUF Q4_1 linear layers with 8-bit activations, as llama.cpp computes them (Q4_1 weights times
-// Q8_1 activations): y = x W^T (+ bias), x and y float32, on any CPU with AVX2.
+// Q8_1 activations): y = x W^T (+ bias), x and y float32 or both bfloat16, on any CPU with AVX2.
 //
 // A Q4_1 block holds 32 weights of one row, w = d q + m with q in 0..15. Each call quantizes x per
 // row and block of 32 (llama.cpp's Q8_1: dx = max|x| / 127, qx = round(x / dx), sx = dx sum qx), so
@@ -62,14 +62,21 @@ inline int32_t hsum8i(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {      // bfloat16 is float32's upper half: widen and shift
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline void put(float* y, float v) { *y = v; }
+inline void put(at::BFloat16* y, float v) { *y = at::BFloat16(v); }     // round to nearest even
+
 // One row of x -> qx (int8), dx and sx per block of 32 (llama.cpp's quantize_row_q8_1).
-void quantize_row(const float* x, int64_t k, int8_t* qx, float* dx, float* sx) {
+template <typename X>
+void quantize_row(const X* x, int64_t k, int8_t* qx, float* dx, float* sx) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t b = 0; b < k / kBlock; ++b) {
-    const float* p = x + b * kBlock;
-    __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8), v2 = _mm256_loadu_ps(p + 16),
-           v3 = _mm256_loadu_ps(p + 24);
+    const X* p = x + b * kBlock;
+    __m256 v0 = load8(p), v1 = load8(p + 8), v2 = load8(p + 16), v3 = load8(p + 24);
     __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
                              _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
     const float amax = hmax8(a), d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
@@ -100,18 +107,18 @@ inline void prefetch_ahead(const uint8_t* rec) {
   for (int i = 0; i < LINES; ++i) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + 64 * i), _MM_HINT_T0);
 }
 
-template <int MR>
-inline void store_tile(float* y, int64_t ldy, __m256 a0, __m256 a1, __m256 a2, __m256 a3, const float* bias,
+template <int MR, typename Y>
+inline void store_tile(Y* y, int64_t ldy, __m256 a0, __m256 a1, __m256 a2, __m256 a3, const float* bias,
                        int64_t cols) {
   alignas(32) float t[4][kGroup];
   _mm256_store_ps(t[0], a0); _mm256_store_ps(t[1], a1); _mm256_store_ps(t[2], a2); _mm256_store_ps(t[3], a3);
   for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < cols; ++j) y[r * ldy + j] = t[r][j] + (bias != nullptr ? bias[j] : 0.f);
+    for (int64_t j = 0; j < cols; ++j) put(y + r * ldy + j, t[r][j] + (bias != nullptr ? bias[j] : 0.f));
 }
 
 // MR rows of qx against one group's records: 8 outputs per row.
-template <int MR>
-inline void tile_q4_1(float* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+template <int MR, typename Y>
+inline void tile_q4_1(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                  const uint8_t* rec, const float* bias, int64_t cols) {
   const int64_t nb = k / kBlock;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -156,8 +163,8 @@ inline void tile_q4_1(float* y, int64_t ldy, const int8_t* qx, int64_t k, const 
 }
 
 // MR rows of qx against one group's Q8_0 records: 8 outputs per row.
-template <int MR>
-inline void tile_q8_0(float* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* /*sx*/,
+template <int MR, typename Y>
+inline void tile_q8_0(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* /*sx*/,
                       const uint8_t* rec, const float* bias, int64_t cols) {
   const int64_t nb = k / kBlock;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -186,8 +193,8 @@ inline void tile_q8_0(float* y, int64_t ldy, const int8_t* qx, int64_t k, const 
   store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
 }
 
-template <int MR>
-inline void tile(int qtype, float* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+template <int MR, typename Y>
+inline void tile(int qtype, Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                  const uint8_t* rec, const float* bias, int64_t cols) {
   if (qtype == kQ4_1) tile_q4_1<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
   else tile_q8_0<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
@@ -248,33 +255,12 @@ torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k, int64_t qt
 #endif
 }
 
-// x: float32 [..., K]; w: quant_pack_i8's records of `qtype`; bias: float32 [N] or none. Returns float32 [..., N].
-torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n,
-                              int64_t qtype) {
-  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "quant_linear_i8: qtype must be 0 (Q4_1) or 1 (Q8_0), got ", qtype);
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, "quant_linear_i8: x must be float32 on CPU");
-  x = x.contiguous();
-  const int q = static_cast<int>(qtype);
-  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1), nb = k / kBlock, record = record_bytes(q);
-  const int64_t groups = (n + kGroup - 1) / kGroup;
-  TORCH_CHECK(k % kBlock == 0 && w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 &&
-                  w.size(0) == groups && w.size(1) == nb * record,
-              "quant_linear_i8: w does not hold quant_pack_i8 records for [N, K]");
-  const float* bp = nullptr;
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n,
-                "quant_linear_i8: bias must be float32 [N]");
-    bp = bias->data_ptr<float>();
-  }
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  auto y = torch::empty(sizes, x.options());
-#ifndef TANDEM_QUANT_I8
-  TORCH_CHECK(false, "quant_linear_i8: this build has no AVX2 + FMA + F16C");
-#else
+#ifdef TANDEM_QUANT_I8
+template <typename T>
+void linear_i8(const T* xp, T* yp, int64_t m, int64_t k, int64_t n, int q, const uint8_t* wp, const float* bp) {
+  const int64_t nb = k / kBlock, record = record_bytes(q), groups = (n + kGroup - 1) / kGroup;
   std::vector<int8_t> qx(m * k);
   std::vector<float> dx(m * nb), sx(m * nb);
-  const float* xp = x.data_ptr<float>();
   if (m == 1) {
     quantize_row(xp, k, qx.data(), dx.data(), sx.data());    // no thread hand-off for one row
   } else {
@@ -282,8 +268,6 @@ torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<to
       for (int64_t r = r0; r < r1; ++r) quantize_row(xp + r * k, k, qx.data() + r * k, dx.data() + r * nb, sx.data() + r * nb);
     });
   }
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  float* yp = y.data_ptr<float>();
   for (int64_t c0 = 0; c0 < m; c0 += kChunkRows) {
     const int64_t c1 = std::min(m, c0 + kChunkRows);
     at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
@@ -302,6 +286,41 @@ torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<to
       }
     });
   }
+}
+#endif
+
+// x: float32 or bfloat16 [..., K]; w: quant_pack_i8's records of `qtype`; bias: [N] (float32, or
+// x's dtype) or none. Returns [..., N] in x's dtype (bfloat16 rounded once, from the float32 sums).
+torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n,
+                              int64_t qtype) {
+  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "quant_linear_i8: qtype must be 0 (Q4_1) or 1 (Q8_0), got ", qtype);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || bf16),
+              "quant_linear_i8: x must be float32 or bfloat16 on CPU");
+  x = x.contiguous();
+  const int q = static_cast<int>(qtype);
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1), nb = k / kBlock, record = record_bytes(q);
+  const int64_t groups = (n + kGroup - 1) / kGroup;
+  TORCH_CHECK(k % kBlock == 0 && w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 &&
+                  w.size(0) == groups && w.size(1) == nb * record,
+              "quant_linear_i8: w does not hold quant_pack_i8 records for [N, K]");
+  torch::Tensor b32;
+  const float* bp = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->numel() == n && (bias->scalar_type() == at::kFloat || bias->scalar_type() == x.scalar_type()),
+                "quant_linear_i8: bias must be [N], float32 or x's dtype");
+    b32 = bias->to(at::kFloat).contiguous();
+    bp = b32.data_ptr<float>();
+  }
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  auto y = torch::empty(sizes, x.options());
+#ifndef TANDEM_QUANT_I8
+  TORCH_CHECK(false, "quant_linear_i8: this build has no AVX2 + FMA + F16C");
+#else
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  if (bf16) linear_i8(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>(), m, k, n, q, wp, bp);
+  else linear_i8(x.data_ptr<float>(), y.data_ptr<float>(), m, k, n, q, wp, bp);
   return y;
 #endif
 }
