@@ -64,7 +64,7 @@ class FrontierChooser:
 
     def __init__(self, size: int, max_len: int, cost: StepCostModel, overlap: bool = False) -> None:
         self.size, self.cost, self.overlap = size, cost, overlap
-        self.acceptance = AcceptanceModel(max_len, explore=0.0)
+        self.acceptance = AcceptanceModel(max_len, explore=0.0, optimistic=False)
         self.num_split = self.num_whole = 0
 
     def choose(self, requests: list[Request], ks: list[int], num_base_tokens: int) -> int:

@@ -193,24 +193,45 @@ class AcceptanceModel:
     starts at the global estimate; counts decay so that a request whose text changes character
     (copying, then free writing) is followed. An optimism bonus `explore / sqrt(1 + n_i(m))`
     keeps rarely tried positions from never being tried (an upper confidence bound, as FASER's
-    search uses one).
+    search uses one); the global estimate starts optimistic (`global_start`), so a drafter nobody
+    has tried yet is tried.
     """
 
     def __init__(self, max_len: int, prior: float = 0.5, weight: float = 2.0, decay: float = 0.9,
-                 explore: float = 0.1) -> None:
+                 explore: float = 0.1, optimistic: bool = True, global_decay: float = 0.98) -> None:
         self.max_len = max_len
+        self.prior = prior
         self.weight = weight
         self.decay = decay
         self.explore = explore
-        self.global_first = prior           # position 1's acceptance over all requests
+        self.optimistic = optimistic
+        self.global_decay = global_decay    # per judged first draft: the global mean spans ~50 of them
+        self._g_acc = self._g_n = 0.0
         self._acc: dict[str, list[float]] = {}
         self._n: dict[str, list[float]] = {}
 
+    @property
+    def global_first(self) -> float:
+        """Position 1's acceptance over all requests: a decayed mean of judged first drafts,
+        pooled with `prior`."""
+        return (self._g_acc + self.weight * self.prior) / (self._g_n + self.weight)
+
+    def global_start(self) -> float:
+        """Where a request's estimates start. `optimistic`: the global mean plus (1 - mean) / (1 + n)
+        for n judged first drafts, so a drafter nobody has tried yet counts as always accepted and
+        gets tried: with a draft model whose pass costs half a target step, the prior alone would
+        never pay for drafting, and nothing would ever show that its drafts are accepted 95% of
+        the time. Each judged draft brings the bound down towards what was seen (a drafter that
+        misses is dropped after a few tries)."""
+        g = self.global_first
+        return g + (1.0 - g) / (1.0 + self._g_n) if self.optimistic else g
+
     def estimates(self, request_id: str) -> list[float]:
         acc, n = self._acc.get(request_id), self._n.get(request_id)
+        start = self.global_start()
         if acc is None:
-            return [min(1.0, self.global_first + self.explore)] * self.max_len
-        w, out, prior = self.weight, [], self.global_first
+            return [min(1.0, start + self.explore)] * self.max_len
+        w, out, prior = self.weight, [], start
         for m in range(self.max_len):
             prior = (acc[m] + w * prior) / (n[m] + w)
             out.append(min(1.0, prior + self.explore / math.sqrt(1.0 + n[m])))
@@ -225,7 +246,8 @@ class AcceptanceModel:
             acc[m] = acc[m] * self.decay + hit
             n[m] = n[m] * self.decay + 1.0
             if m == 0:
-                self.global_first += 0.02 * (hit - self.global_first)
+                self._g_acc = self._g_acc * self.global_decay + hit
+                self._g_n = self._g_n * self.global_decay + 1.0
 
     def forget(self, request_id: str) -> None:
         self._acc.pop(request_id, None)
