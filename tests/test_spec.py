@@ -11,8 +11,8 @@ import torch
 
 from tandem import LLM, ConfigError, SamplingParams
 from tandem.config import SpecConfig
-from tandem.spec.ngram import NgramProposer
-from tandem.spec.verify import verify_sampled
+from tandem.speculative.ngram import NgramProposer
+from tandem.speculative.verify import verify_sampled
 
 # Prompts with repeated spans, so that n-gram drafting finds matches in a random model's loops too.
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], list(range(20, 40)) * 2, [11, 12] * 9, [3, 4, 5]]
@@ -122,8 +122,8 @@ def test_ngram_lookup_prefers_longest_latest_match():
     p = NgramProposer(1, 3, 8)
     hist = [1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3]
     # The trigram (5? no) -> bigram [2, 3]: latest earlier occurrence ends at index 7 -> continues 7, 8, 5 ...
-    assert p.propose("r", hist, 3) == [7, 8, 5]
-    assert p.propose("s", [4, 5, 6], 3) == []
+    assert p.lookup("r", hist, 3) == [7, 8, 5]
+    assert p.lookup("s", [4, 5, 6], 3) == []
     assert p.available("r", hist, [7]) >= 1          # [2, 3, 7] occurred before: 8, 5, ... follow
 
 
@@ -323,7 +323,7 @@ def test_overlap_with_sampling_keeps_seeded_reproducibility(tiny_loopy):
 
 
 def test_overlap_needs_a_thread_to_spare():
-    from tandem.spec.overlap import DraftWorker
+    from tandem.speculative.overlap import DraftWorker
 
     with pytest.raises(ConfigError, match="draft_threads"):
         DraftWorker(torch.device("cpu"), draft_threads=torch.get_num_threads())
@@ -334,7 +334,7 @@ def test_draft_worker_runs_on_its_threads_and_goes_away_with_its_engine():
     import threading
     import time
 
-    from tandem.spec.overlap import DraftWorker
+    from tandem.speculative.overlap import DraftWorker
 
     worker = DraftWorker(torch.device("cpu"), draft_threads=1)
     ident, threads = worker.result(worker.submit(lambda: (threading.get_ident(), torch.get_num_threads())))

@@ -30,7 +30,7 @@ from tandem.sched.build import build_scheduler, make_speculation
 from tandem.sched.cost_model import StepCostModel
 from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
 from tandem.tools.registry import ToolRegistry
-from tandem.spec.factory import make_spec_decoder
+from tandem.speculative.factory import make_spec_decoder
 from tandem.structured import grammar as structured_grammar
 
 log = logging.getLogger("tandem")

@@ -2,7 +2,7 @@
 
 Implements the engine's `Executor` protocol. It owns the model, the paged KV tensors, the
 per-request sampling state and, with speculation, the proposer; it makes no scheduling decision.
-It sits above what it drives (tandem.runner's primitives, tandem.models, tandem.spec), which
+It sits above what it drives (tandem.runner's primitives, tandem.models, tandem.speculative), which
 therefore never import it.
 """
 
@@ -15,7 +15,7 @@ from tandem.runner.attention import AttentionBackend, PagedKVCache
 from tandem.runner.inputs import build_inputs
 from tandem.runner.kernels import make_ops
 from tandem.runner.sampler import SampleRow, Sampler
-from tandem.spec.decoder import num_accepted
+from tandem.speculative.decoder import num_accepted
 from tandem.types import StepPlan, StepResult
 
 
@@ -35,7 +35,7 @@ class ModelRunner:
         self.attn = AttentionBackend(self.cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops)
         self.paged_kernel = self.attn.kernel is not None
         self.sampler = Sampler(device, seed, grammar=grammar)
-        self.spec = None            # a tandem.spec.decoder.SpecDecoder when speculation is on (set_speculation)
+        self.spec = None            # a tandem.speculative.decoder.SpecDecoder when speculation is on (set_speculation)
         # Host copies of swapped-out blocks (tool pauses); pinned when the device is a GPU.
         self.host = PagedKVCache(cfg.num_layers, num_host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                                  kv_dtype, torch.device("cpu"), pin=device.type == "cuda") \
@@ -60,7 +60,7 @@ class ModelRunner:
             return result
         drafts = self.spec.draft(plan) if self.spec is not None else {}
         if drafts and self.spec.prunes:
-            from tandem.spec.pipeline import execute_with_pruning
+            from tandem.speculative.pipeline import execute_with_pruning
 
             result = execute_with_pruning(self, plan, drafts)
             self.spec.report(plan, result)

@@ -21,7 +21,6 @@ from tandem.config import SpecConfig
 from tandem.errors import ConfigError
 from tandem.llm import reconfigure_speculation
 from tandem.sampling_params import SamplingParams
-from tandem.spec.drafter import ModelDrafter
 from tandem.workload.prompts import load_prompt_set
 
 POLICIES = {
@@ -145,9 +144,7 @@ def bench_spec(llm, concurrencies: list[int], policies: list[str], repeats: int,
                 res = run_point(llm, by_kind[k], 1, kind_requests)
                 per_kind[k][p].append(res)
                 log(f"[{rep + 1}/{repeats}] kind={k:<8} C=1 {p:<9} {res['output_tok_s']:7.1f} tok/s")
-    proposer = llm.engine.executor.spec.proposer
-    method = "ngram" if not isinstance(proposer, ModelDrafter) else \
-        "layerskip" if proposer.shares_target_kv else "draft"
+    method = llm.engine.executor.spec.method
     data = {"bench": "spec", "dataset": "prompts", "machine": machine_info(), "method": method,
             "requests_per_point": requests_per_point, "requests_per_slot": requests_per_slot,
             "max_tokens_cap": max_tokens, "kind_requests": kind_requests, "repeats": repeats,

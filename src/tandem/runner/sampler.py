@@ -38,7 +38,7 @@ class SampleRow:
 class Sampler:
     """Random draws for sampled tokens. `stream` names an independent stream of the same seeds: the
     target samples on stream 0 and a model drafter on stream 1, so drafting (possibly on another
-    thread, see tandem.spec.overlap) never shares a generator with verification."""
+    thread, see tandem.speculative.overlap) never shares a generator with verification."""
 
     def __init__(self, device: torch.device, seed: int = 0, stream: int = 0, grammar=None) -> None:
         self.device = device

@@ -18,7 +18,7 @@ judged against the plain step's measured time, never an extrapolation.
 
 Baselines: no speculation, a fixed length, vLLM's batch-size table ("dynamic SD") and vLLM's
 survival-probability slot admission (`SurvivalAdmission`). `make_length_policy` builds one from a
-`SpecConfig` (here, not in tandem.spec, so that the simulator gets it without torch).
+`SpecConfig` (here, not in tandem.speculative, so that the simulator gets it without torch).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ the same values), so it never needs to catch up.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -20,16 +19,16 @@ from tandem.models.llama import LlamaModel
 from tandem.runner.attention import AttentionBackend
 from tandem.runner.inputs import build_inputs
 from tandem.runner.sampler import Sampler, SampleRow, apply_min_tokens, warp_probs
+from tandem.speculative.proposer import Draft
 from tandem.types import ScheduledSeq, StepPlan
 
 
-@dataclass
-class Draft:
-    tokens: list[int]
-    probs: torch.Tensor | None = None     # [k, V] draft distribution (sampled requests); None: greedy / one-hot
-
-
 class ModelDrafter:
+    """Drafting with a model (a `Proposer`): a separate draft model with its own paged KV, or the
+    target's first `num_layers` layers over the target's KV (`shares_target_kv`)."""
+
+    runs_model = True
+
     def __init__(self, model: LlamaModel, attn: AttentionBackend, block_size: int, device: torch.device,
                  sampler: Sampler, num_layers: int | None = None, shares_target_kv: bool = False) -> None:
         self.model = model
@@ -105,6 +104,9 @@ class ModelDrafter:
         q = warp_probs(logits, s.sampling_params)
         draft.tokens.append(Sampler.draw(q, self.sampler.generator_at(row)))
         draft.probs.append(q)
+
+    def offer(self, seq: ScheduledSeq, new_tokens: list[int]) -> None:
+        return None
 
     def settle(self, request_id: str, num_computed: int) -> None:
         """The target kept KV for `num_computed` tokens: draft KV past them is void."""

@@ -4,7 +4,7 @@ With `SpecConfig(overlap=True, frontier_size=F)` a model drafter first drafts on
 frontier (F tokens). While the target verifies frontier f, a `DraftWorker` drafts frontier f+1 on
 separate compute; a rejection in frontier f cancels the drafting in flight (the worker drops the
 request from its remaining draft passes) and the frontiers after it are never drafted. The pipeline
-that drives it is tandem.spec.pipeline; output stays exactly the target's, since only drafts are
+that drives it is tandem.speculative.pipeline; output stays exactly the target's, since only drafts are
 computed concurrently and every emitted token comes from verification.
 
 Separate compute:

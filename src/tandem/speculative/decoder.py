@@ -15,9 +15,8 @@ import time
 import torch
 
 from tandem.runner.sampler import Sampler, SampleRow, apply_min_tokens, token_logprob, warp_probs
-from tandem.spec.drafter import Draft, ModelDrafter
-from tandem.spec.ngram import NgramProposer
-from tandem.spec.verify import verify_greedy, verify_sampled
+from tandem.speculative.proposer import Draft, Proposer
+from tandem.speculative.verify import verify_greedy, verify_sampled
 from tandem.types import ScheduledSeq, StepPlan, StepResult, TokenLogprob
 
 
@@ -29,15 +28,15 @@ def num_accepted(out: list[int], drafts: list[int]) -> int:
 
 
 class SpecDecoder:
-    def __init__(self, proposer: NgramProposer | ModelDrafter, sampler: Sampler, method: str = "ngram",
+    def __init__(self, proposer: Proposer, sampler: Sampler, method: str = "ngram",
                  frontier_size: int = 0, early_exit=None, overlap=None) -> None:
         self.proposer = proposer
         self.method = method                    # the SpecConfig method that built the proposer
         self.sampler = sampler
         self.frontier_size = frontier_size      # verify in chunks of this many rows (0: one pass)
         self.step_frontier = frontier_size      # this step's: the plan's choice, else frontier_size
-        self.early_exit = early_exit            # a tandem.spec.pruning.EarlyExit, or None
-        self.overlap = overlap                  # a tandem.spec.overlap.DraftWorker, or None
+        self.early_exit = early_exit            # a tandem.speculative.pruning.EarlyExit, or None
+        self.overlap = overlap                  # a tandem.speculative.overlap.DraftWorker, or None
         self.draft_s = 0.0                      # this step's proposer seconds, and one forward pass's
         self.draft_pass_s = 0.0
 
@@ -48,7 +47,7 @@ class SpecDecoder:
     @property
     def overlaps(self) -> bool:
         """Draft frontier by frontier, the next one while the current one is verified."""
-        return self.overlap is not None and self.step_frontier > 0 and isinstance(self.proposer, ModelDrafter)
+        return self.overlap is not None and self.step_frontier > 0 and self.proposer.runs_model
 
     def draft(self, plan: StepPlan) -> dict[str, Draft]:
         """Drafts for the step's drafting requests (the first frontier only when overlapping); also
@@ -59,15 +58,11 @@ class SpecDecoder:
         if not seqs:
             return {}
         started = time.perf_counter()
-        if isinstance(self.proposer, NgramProposer):
-            drafts = {s.request_id: Draft(self.proposer.propose(s.request_id, s.history, s.num_draft_tokens))
-                      for s in seqs}
-        else:
-            ks = [s.num_draft_tokens for s in seqs]
-            if self.overlaps:                   # the first frontier now, the rest during verification
-                ks = [min(k, self.step_frontier) for k in ks]
-            drafts = self.proposer.propose(seqs, ks)
-            self.draft_pass_s = self.proposer.pass_s
+        ks = [s.num_draft_tokens for s in seqs]
+        if self.overlaps:                       # the first frontier now, the rest during verification
+            ks = [min(k, self.step_frontier) for k in ks]
+        drafts = self.proposer.propose(seqs, ks)
+        self.draft_pass_s = self.proposer.pass_s
         self.draft_s = time.perf_counter() - started
         for s in seqs:                          # under a grammar: cut at the first token it refuses
             if s.sampling_params.structured_outputs is not None and s.request_id in drafts:
@@ -122,19 +117,20 @@ class SpecDecoder:
 
     def report(self, plan: StepPlan, result: StepResult) -> None:
         """Fill the result's drafting fields: the proposer's seconds this step (`draft_s`,
-        `draft_pass_s`) and `draft_available` (n-gram: how many tokens a lookup would offer next)."""
+        `draft_pass_s`) and `draft_available` (what the proposer could offer next, where it says:
+        an n-gram lookup's matches)."""
         result.draft_s, result.draft_pass_s = self.draft_s, self.draft_pass_s
-        if not isinstance(self.proposer, NgramProposer):
-            return
         for s in plan.seqs:
             new = result.sampled_token_ids.get(s.request_id)
             if new:
-                result.draft_available[s.request_id] = self.proposer.available(s.request_id, s.history, new)
+                offer = self.proposer.offer(s, new)
+                if offer is None:
+                    return                      # a model drafts whatever it is asked for
+                result.draft_available[s.request_id] = offer
 
     def settle(self, seq: ScheduledSeq, num_emitted: int) -> None:
         """The target emitted `num_emitted` tokens after the step's chunk; the last has no KV yet."""
-        if isinstance(self.proposer, ModelDrafter):
-            self.proposer.settle(seq.request_id, seq.start + seq.num_tokens + num_emitted - 1)
+        self.proposer.settle(seq.request_id, seq.start + seq.num_tokens + num_emitted - 1)
 
     def release(self, request_id: str) -> None:
         self.proposer.release(request_id)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from tandem.runner.inputs import build_inputs
-from tandem.spec.decoder import num_accepted
-from tandem.spec.drafter import Draft
-from tandem.spec.pruning import _Rows, exit_hook, pass_seq
+from tandem.speculative.decoder import num_accepted
+from tandem.speculative.proposer import Draft
+from tandem.speculative.pruning import _Rows, exit_hook, pass_seq
 from tandem.types import StepPlan, StepResult
 
 

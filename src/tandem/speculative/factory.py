@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from tandem.config import SpecConfig
 from tandem.errors import ConfigError
-from tandem.spec.decoder import SpecDecoder
-from tandem.spec.drafter import ModelDrafter
-from tandem.spec.ngram import NgramProposer
-from tandem.spec.overlap import DraftWorker
-from tandem.spec.pruning import EarlyExit
+from tandem.speculative.decoder import SpecDecoder
+from tandem.speculative.drafter import ModelDrafter
+from tandem.speculative.ngram import NgramProposer
+from tandem.speculative.overlap import DraftWorker
+from tandem.speculative.pruning import EarlyExit
 
 
 def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None, load_draft=None,

@@ -3,10 +3,13 @@
 For n from `n_max` down to `n_min`, the latest earlier occurrence of the last n tokens (in prompt
 or output) proposes the tokens that followed it. An index per request (n-gram -> latest end
 position) is extended incrementally, so a lookup costs O(n_max) whatever the length. No model,
-no torch: the cheapest proposer, and a strong one for rewriting, extraction and code edits.
+no torch (its `Draft`s carry no distribution): the cheapest proposer, and a strong one for rewriting, extraction and code edits.
 """
 
 from __future__ import annotations
+
+from tandem.speculative.proposer import Draft
+from tandem.types import ScheduledSeq
 
 
 class _Index:
@@ -37,6 +40,12 @@ class _Index:
 
 
 class NgramProposer:
+    """Prompt-lookup drafting (a `Proposer`): the continuation of the longest, latest earlier
+    occurrence of the request's last n tokens (n_max down to n_min)."""
+
+    runs_model = False
+    pass_s = 0.0
+
     def __init__(self, n_min: int, n_max: int, max_draft_tokens: int) -> None:
         self.n_min, self.n_max = n_min, n_max
         self.max_draft_tokens = max_draft_tokens
@@ -49,7 +58,16 @@ class NgramProposer:
         idx.sync(history)
         return idx
 
-    def propose(self, rid: str, history: list[int], k: int) -> list[int]:
+    def propose(self, seqs: list[ScheduledSeq], ks: list[int]) -> dict[str, Draft]:
+        return {s.request_id: Draft(self.lookup(s.request_id, s.history, k)) for s, k in zip(seqs, ks)}
+
+    def offer(self, seq: ScheduledSeq, new_tokens: list[int]) -> int:
+        return self.available(seq.request_id, seq.history, new_tokens)
+
+    def settle(self, request_id: str, num_computed: int) -> None:
+        """Nothing to settle: the table is rebuilt from the committed tokens it is given."""
+
+    def lookup(self, rid: str, history: list[int], k: int) -> list[int]:
         """Up to k draft tokens continuing `history` (the request's committed tokens)."""
         return self._get(rid, history).lookup(k)
 
