@@ -17,6 +17,7 @@ from tandem.llm import reconfigure_speculation
 from tandem.sched.spec_length import AdaptiveLength, FixedLength, NoSpeculation
 from tandem.sim.build import SimConfig, build_scheduler
 from tandem.sim.cost import make_cost_model
+from tandem.types import Request
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], list(range(20, 40)) * 2, [11, 12] * 9]
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
@@ -43,6 +44,25 @@ def test_engine_and_simulator_get_the_same_speculation_side(tiny_loopy):
         assert sched.frontiers is not None and sched.frontiers.size == 2
         assert sched.spec_policy.cost is sched.cost          # the policy reads the model the scheduler trains
     assert llm.engine.speculation == spec
+
+
+def test_acceptance_has_one_owner_the_frontier_chooser_reads_the_policys():
+    cost = make_cost_model("H100-80GB", "llama3-8b", "llama3-1b")
+    for policy, shared in (("adaptive", True), ("fixed", False)):
+        spec = SpecConfig(method="draft", draft_model="d", policy=policy, max_draft_tokens=4, frontier_size=2,
+                          adaptive_frontiers=True)
+        sched = build_scheduler(SimConfig(scheduler=SchedulerConfig(max_model_len=2048), spec=spec), cost)
+        chooser = sched.frontiers
+        assert (chooser.acceptance is getattr(sched.spec_policy, "acceptance", None)) == shared
+        assert chooser.owns_acceptance != shared
+        # the chooser reads without the policy's exploration bonus and optimistic start
+        assert chooser.acceptance.estimates("new", explore=0.0, optimistic=False)[0] == pytest.approx(0.5)
+        if shared:
+            assert sched.spec_policy.acceptance.estimates("new")[0] == 1.0   # the policy's own read: untried
+        r = Request("r", [1, 2, 3], SamplingParams(max_tokens=8))
+        sched.spec_policy.observe_request(r, 4, 1)
+        chooser.observe_request(r, 4, 1)                      # what the scheduler calls, in this order
+        assert chooser.acceptance._n["r"][:2] == [1.0, 1.0]    # counted once, shared or not
 
 
 def test_reconfigure_switches_both_sides_keeps_the_proposer_and_stays_lossless(tiny_loopy):

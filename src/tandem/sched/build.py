@@ -15,7 +15,7 @@ from tandem.sched.cost_model import StepCostModel
 from tandem.sched.frontiers import make_frontier_chooser
 from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler, Speculation
-from tandem.sched.spec_length import make_length_policy
+from tandem.sched.spec_length import AcceptanceModel, make_length_policy
 
 
 def make_speculation(cfg: SpecConfig | None, cost: StepCostModel) -> Speculation | None:
@@ -23,8 +23,10 @@ def make_speculation(cfg: SpecConfig | None, cost: StepCostModel) -> Speculation
     the scheduler's step-cost model, which the scheduler trains."""
     if cfg is None:
         return None
-    return Speculation(make_length_policy(cfg, cost), 0 if cfg.policy == "none" else cfg.max_draft_tokens,
-                       make_frontier_chooser(cfg, cost))
+    length = make_length_policy(cfg, cost)
+    acceptance = getattr(length, "acceptance", None)      # one owner: the frontier chooser reads it
+    return Speculation(length, 0 if cfg.policy == "none" else cfg.max_draft_tokens,
+                       make_frontier_chooser(cfg, cost, acceptance if isinstance(acceptance, AcceptanceModel) else None))
 
 
 def build_scheduler(config: SchedulerConfig, kv: KVCacheManager, cost: StepCostModel,

@@ -59,17 +59,21 @@ class FrontierChooser:
     cost model expects it to pay (`frontier_pays`), else in one pass. When the step is bound by
     streaming the weights (light load; any CPU) a pass costs nearly a whole step and pruning saves
     little, so steps stay whole; when it is compute-bound (heavy load on a GPU) and drafts are
-    likely to be cut, frontiers save the rejected suffixes' compute. Learns its own per-request
-    acceptance (`AcceptanceModel`) so it works with any length policy."""
+    likely to be cut, frontiers save the rejected suffixes' compute. Reads the length policy's
+    per-request acceptance (`acceptance`, owned and trained by the policy) without its exploration
+    bonus or optimistic start; with a length policy that keeps none (fixed k, the batch-size
+    table) it learns its own."""
 
-    def __init__(self, size: int, max_len: int, cost: StepCostModel, overlap: bool = False) -> None:
+    def __init__(self, size: int, max_len: int, cost: StepCostModel, overlap: bool = False,
+                 acceptance: AcceptanceModel | None = None) -> None:
         self.size, self.cost, self.overlap = size, cost, overlap
-        self.acceptance = AcceptanceModel(max_len, explore=0.0, optimistic=False)
+        self.owns_acceptance = acceptance is None
+        self.acceptance = acceptance or AcceptanceModel(max_len, explore=0.0, optimistic=False)
         self.num_split = self.num_whole = 0
 
     def choose(self, requests: list[Request], ks: list[int], num_base_tokens: int) -> int:
         """The frontier size for this step: `size`, or 0 for one pass."""
-        est = [self.acceptance.estimates(r.request_id) for r in requests]
+        est = [self.acceptance.estimates(r.request_id, explore=0.0, optimistic=False) for r in requests]
         if frontier_pays(est, ks, self.size, num_base_tokens, self.cost, self.overlap):
             self.num_split += 1
             return self.size
@@ -77,14 +81,18 @@ class FrontierChooser:
         return 0
 
     def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
-        self.acceptance.observe(request.request_id, num_drafted, num_accepted)
+        if self.owns_acceptance:              # else the length policy, its owner, has observed it
+            self.acceptance.observe(request.request_id, num_drafted, num_accepted)
 
     def forget(self, request_id: str) -> None:
-        self.acceptance.forget(request_id)
+        if self.owns_acceptance:
+            self.acceptance.forget(request_id)
 
 
-def make_frontier_chooser(cfg: SpecConfig, cost: StepCostModel) -> FrontierChooser | None:
-    """A chooser when the config asks the scheduler to pick frontiers per step (`adaptive_frontiers`)."""
+def make_frontier_chooser(cfg: SpecConfig, cost: StepCostModel,
+                          acceptance: AcceptanceModel | None = None) -> FrontierChooser | None:
+    """A chooser when the config asks the scheduler to pick frontiers per step (`adaptive_frontiers`);
+    `acceptance`: the length policy's, to read instead of learning a second copy."""
     if not cfg.adaptive_frontiers:
         return None
-    return FrontierChooser(cfg.frontier_size, cfg.max_draft_tokens, cost, cfg.overlap)
+    return FrontierChooser(cfg.frontier_size, cfg.max_draft_tokens, cost, cfg.overlap, acceptance)

@@ -216,7 +216,7 @@ class AcceptanceModel:
         pooled with `prior`."""
         return (self._g_acc + self.weight * self.prior) / (self._g_n + self.weight)
 
-    def global_start(self) -> float:
+    def global_start(self, optimistic: bool | None = None) -> float:
         """Where a request's estimates start. `optimistic`: the global mean plus (1 - mean) / (1 + n)
         for n judged first drafts, so a drafter nobody has tried yet counts as always accepted and
         gets tried: with a draft model whose pass costs half a target step, the prior alone would
@@ -224,17 +224,21 @@ class AcceptanceModel:
         the time. Each judged draft brings the bound down towards what was seen (a drafter that
         misses is dropped after a few tries)."""
         g = self.global_first
-        return g + (1.0 - g) / (1.0 + self._g_n) if self.optimistic else g
+        return g + (1.0 - g) / (1.0 + self._g_n) if (self.optimistic if optimistic is None else optimistic) else g
 
-    def estimates(self, request_id: str) -> list[float]:
+    def estimates(self, request_id: str, explore: float | None = None, optimistic: bool | None = None) -> list[float]:
+        """a_i(1..max_len); `explore` and `optimistic` override the model's own for this read (a
+        reader that decides how to verify, not whether to try, wants neither)."""
+        explore = self.explore if explore is None else explore
+        optimistic = self.optimistic if optimistic is None else optimistic
         acc, n = self._acc.get(request_id), self._n.get(request_id)
-        start = self.global_start()
+        start = self.global_start(optimistic)
         if acc is None:
-            return [min(1.0, start + self.explore)] * self.max_len
+            return [min(1.0, start + explore)] * self.max_len
         w, out, prior = self.weight, [], start
         for m in range(self.max_len):
             prior = (acc[m] + w * prior) / (n[m] + w)
-            out.append(min(1.0, prior + self.explore / math.sqrt(1.0 + n[m])))
+            out.append(min(1.0, prior + explore / math.sqrt(1.0 + n[m])))
         return out
 
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
