@@ -128,3 +128,43 @@ def test_bench_refuses_model_variants_on_an_ngram_engine(tiny_loopy):
     with pytest.raises(ConfigError, match="model drafter"):
         use_policy(llm, "adaptive+overlap")
     assert isinstance(llm.engine.scheduler.spec_policy, FixedLength)    # nothing half-switched
+
+
+def test_a_prompt_is_validated_and_tokenized_once(tiny_loopy):
+    """LLM.generate and the async engine check each request once and tokenize its prompt once
+    (they validated, then add_request validated and tokenized again)."""
+    import asyncio
+
+    from tandem.engine.async_engine import AsyncLLMEngine
+
+    llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False)
+    engine = llm.engine
+    calls = {"encode": 0, "validate": 0}
+    encode, validate = engine.tokenizer.encode, engine.validate
+
+    def counting_encode(*a, **k):
+        calls["encode"] += 1
+        return encode(*a, **k)
+
+    def counting_validate(*a, **k):
+        calls["validate"] += 1
+        return validate(*a, **k)
+
+    engine.tokenizer.encode, engine.validate = counting_encode, counting_validate
+    out = llm.generate(["hello hello", "abc"], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert [len(o.token_ids) for o in out] == [3, 3]
+    assert calls == {"encode": 2, "validate": 2}
+
+    calls.update(encode=0, validate=0)
+    server = AsyncLLMEngine(engine)
+
+    async def one():
+        return [o async for o in server.generate("hello hello", SamplingParams(max_tokens=3, temperature=0))][-1]
+
+    try:
+        assert asyncio.run(one()).finished
+    finally:
+        server.shutdown()
+    assert calls == {"encode": 1, "validate": 1}
+    with pytest.raises(TypeError):
+        engine.add_valid(([1, 2], SamplingParams()))

@@ -295,10 +295,9 @@ class LLM:
              tool_options: ToolOptions | None = None) -> list[RequestOutput]:
         params = [dataclasses.replace(p, output_kind="final_only")      # only the finished outputs are read
                   for p in _per_request(sampling_params, len(items), self.engine.generation_defaults)]
-        for (prompt, ids), p in zip(items, params):      # validate everything before queueing anything
-            self.engine.validate(prompt, ids, p)
-        order = [self.engine.add_request(prompt, p, prompt_token_ids=ids, tool_options=tool_options)
-                 for (prompt, ids), p in zip(items, params)]
+        # validate (and tokenize) everything once, before queueing anything
+        valid = [self.engine.validate(prompt, ids, p) for (prompt, ids), p in zip(items, params)]
+        order = [self.engine.add_valid(v, tool_options=tool_options) for v in valid]
         done: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm:

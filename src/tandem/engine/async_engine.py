@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from tandem.engine.llm_engine import EngineStats, LLMEngine
+from tandem.engine.llm_engine import EngineStats, LLMEngine, ValidRequest
 from tandem.engine.tool_runtime import ToolOptions
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
@@ -41,9 +41,7 @@ class EngineDeadError(TandemError):
 @dataclass
 class _Add:
     request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
+    valid: ValidRequest
     sink: "_Sink"
     tool_options: ToolOptions | None = None
 
@@ -113,13 +111,13 @@ class AsyncLLMEngine:
         disconnect) aborts the request and frees its KV blocks."""
         if not self._thread.is_alive():
             raise EngineDeadError("the engine thread is not running")
-        ids = self.engine.validate(prompt, prompt_token_ids, params)
+        valid = self.engine.validate(prompt, prompt_token_ids, params)
         if self._num_pending - self.engine.scheduler.num_running >= self.max_waiting:
             raise QueueFullError(f"{self.max_waiting} requests are already waiting")
         rid = request_id or f"async-{next(self._ids)}"
         sink = _Sink(asyncio.get_running_loop())
         self._count(+1)
-        self._commands.put(_Add(rid, prompt, ids, params, sink, tool_options))
+        self._commands.put(_Add(rid, valid, sink, tool_options))
         finished = False
         try:
             while True:
@@ -190,8 +188,7 @@ class AsyncLLMEngine:
             if isinstance(cmd, _Add):
                 self._sinks[cmd.request_id] = cmd.sink
                 try:
-                    self.engine.add_request(cmd.prompt, cmd.params, prompt_token_ids=cmd.prompt_token_ids,
-                                            request_id=cmd.request_id, tool_options=cmd.tool_options)
+                    self.engine.add_valid(cmd.valid, request_id=cmd.request_id, tool_options=cmd.tool_options)
                 except Exception as e:
                     self._sinks.pop(cmd.request_id, None)
                     self._count(-1)

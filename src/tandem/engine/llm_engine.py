@@ -70,6 +70,14 @@ class EngineStats:
     tool_num_errors: int = 0
 
 
+@dataclass(frozen=True)
+class ValidRequest:
+    """A request that passed `LLMEngine.validate`: its prompt, token ids and parameters."""
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
 class LLMEngine:
     def __init__(self, scheduler: Scheduler, executor: Executor, tokenizer: Tokenizer | None,
                  vocab_size: int, max_model_len: int, clock: Callable[[], float] = time.monotonic,
@@ -101,8 +109,9 @@ class LLMEngine:
 
     # --- requests in -----------------------------------------------------------------------
     def validate(self, prompt: str | None, prompt_token_ids: list[int] | None,
-                 params: SamplingParams) -> list[int]:
-        """Token ids of a valid request, or InvalidRequestError naming the problem."""
+                 params: SamplingParams) -> ValidRequest:
+        """The request checked once and tokenized once (a `ValidRequest`, for `add_valid`), or
+        InvalidRequestError naming the problem."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling_params must be a SamplingParams", field="sampling_params")
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
@@ -130,13 +139,21 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"prompt has {len(ids)} tokens; the context length is {self.max_model_len} "
                 f"(prompt plus at least one output token must fit)", field="prompt")
-        return ids
+        return ValidRequest(prompt, ids, params)
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None, *,
                     prompt_token_ids: list[int] | None = None, request_id: str | None = None,
                     arrival_time: float | None = None, tool_options: ToolOptions | None = None) -> str:
-        params = params if params is not None else SamplingParams()
-        ids = self.validate(prompt, prompt_token_ids, params)
+        valid = self.validate(prompt, prompt_token_ids, params if params is not None else SamplingParams())
+        return self.add_valid(valid, request_id=request_id, arrival_time=arrival_time, tool_options=tool_options)
+
+    def add_valid(self, valid: ValidRequest, *, request_id: str | None = None, arrival_time: float | None = None,
+                  tool_options: ToolOptions | None = None) -> str:
+        """Queue a request `validate` has passed (callers that validate a batch before queueing
+        any, or on another thread, do not check or tokenize it twice)."""
+        if not isinstance(valid, ValidRequest):
+            raise TypeError("add_valid takes what LLMEngine.validate returns")
+        prompt, ids, params = valid.prompt, valid.prompt_token_ids, valid.params
         if tool_options is not None and self.tools is None:
             raise InvalidRequestError("this engine runs no tools", field="tools")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
