@@ -132,7 +132,8 @@ class Request:
     draft_available: int | None = None   # drafts the proposer can offer next step (None: unlimited)
     num_draft_seen: int = 0              # tokens the proposer has read (a draft model catches up on
                                          # the rest, its whole prompt at first, before drafting)
-    num_injected_tokens: int = 0         # tool-result tokens appended to the context (not output)
+    injected_spans: list[tuple[int, int]] = field(default_factory=list)   # (start, length) in token_ids of
+                                         # each tool result appended to the context (context, not output)
     num_tool_calls: int = 0
     pause: PauseState | None = None
     last_resumed: float | None = None    # when the last tool result arrived (Stage II signals)
@@ -162,9 +163,26 @@ class Request:
         return len(self.token_ids)
 
     @property
+    def num_injected_tokens(self) -> int:
+        return sum(n for _, n in self.injected_spans)
+
+    @property
     def num_output_tokens(self) -> int:
         """Tokens the model generated (tool results appended to the context do not count)."""
         return len(self.token_ids) - len(self.prompt_token_ids) - self.num_injected_tokens
+
+    @property
+    def generated_token_ids(self) -> list[int]:
+        """The tokens the model generated, in order: the context after the prompt less the tool
+        results (the one copy of a request's tokens; the engine's outputs read it)."""
+        if not self.injected_spans:
+            return self.token_ids[len(self.prompt_token_ids):]
+        out, at = [], len(self.prompt_token_ids)
+        for start, n in self.injected_spans:
+            out.extend(self.token_ids[at:start])
+            at = start + n
+        out.extend(self.token_ids[at:])
+        return out
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -35,7 +35,6 @@ class _ReqState:
     prompt: str | None
     detok: IncrementalDetokenizer | None
     logprobs: list[TokenLogprob] | None
-    token_ids: list[int] = field(default_factory=list)
     tool_log: list[dict] = field(default_factory=list)
 
 
@@ -239,7 +238,6 @@ class LLMEngine:
     def _apply(self, u: SeqUpdate, logprobs: list[TokenLogprob] | None) -> RequestOutput | None:
         rid = u.request.request_id
         state = self._states[rid]
-        state.token_ids.extend(u.new_token_ids)
         self.num_generation_tokens += len(u.new_token_ids)
         if state.logprobs is not None and logprobs:
             state.logprobs.extend(logprobs[:len(u.new_token_ids)])
@@ -290,11 +288,11 @@ class LLMEngine:
         metrics = RequestMetrics(
             arrival_time=r.times.arrival, first_scheduled_time=r.times.first_scheduled,
             first_token_time=r.times.first_token, finished_time=r.times.finished,
-            num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=len(state.token_ids),
+            num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=r.num_output_tokens,
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
             spec=r.spec.as_dict() if r.spec.chosen_lengths else None, tool_calls=list(state.tool_log),
             predicted_output_tokens=r.predicted_output_tokens)
-        completion = CompletionOutput(0, text, list(state.token_ids), reason,
+        completion = CompletionOutput(0, text, r.generated_token_ids, reason,
                                       list(state.logprobs) if state.logprobs is not None else None)
         return RequestOutput(r.request_id, state.prompt, r.prompt_token_ids, [completion], finished, metrics,
                              delta_text=delta, delta_token_ids=list(delta_ids))

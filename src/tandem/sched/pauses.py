@@ -75,8 +75,8 @@ class PauseBook:
     def resume(self, r: Request, token_ids: list[int], now: float) -> None:
         del self.paused[r.request_id]
         self._holding.discard(r.request_id)
+        r.injected_spans.append((len(r.token_ids), len(token_ids)))
         r.token_ids.extend(token_ids)
-        r.num_injected_tokens += len(token_ids)
         self.tools.observe_call(r.pause.tool, now - r.pause.since, len(token_ids))
         r.last_resumed = now
         r.status = RequestStatus.WAITING
