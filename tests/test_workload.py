@@ -257,3 +257,14 @@ def test_workload_reads_no_clock_and_imports_no_torch():
 def test_estimate_tokens_is_cheap_and_sane():
     assert estimate_tokens("Hello, world!") == 4
     assert math.isclose(estimate_tokens(words(100)), 100)
+
+
+def test_script_cursor_ends_segments_at_their_lengths_counting_whole_steps():
+    """The one scripted-tool rule (engine ToolRuntime and simulator): segment i ends at the step
+    that reaches its length; the last segment never ends (it ends with the request)."""
+    from tandem.workload.augmented import ScriptCursor
+
+    c = ScriptCursor([3, 2, 5])
+    assert [c.on_tokens(1), c.on_tokens(1), c.on_tokens(1)] == [None, None, 0]
+    assert c.on_tokens(4) == 1                  # a verification step of 4 tokens crosses the mark
+    assert [c.on_tokens(100), c.segment] == [None, 2]

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from tandem.tools.parsers.hermes import CLOSE, OPEN, parse_call
 from tandem.tools.registry import ToolRegistry
+from tandem.workload.augmented import ScriptCursor
 
 
 class ScriptedCall(enum.Enum):
@@ -56,8 +57,8 @@ class ToolOptions:
 class _Watch:
     options: ToolOptions
     text: str = ""                  # generated text since the last tool result
-    segment: int = 0                # scripted: current segment
-    segment_tokens: int = 0         # scripted: tokens generated in it
+    segment: int = 0                # tool calls made so far
+    cursor: ScriptCursor | None = None   # scripted: where the request is in its segments
 
 
 @dataclass
@@ -192,14 +193,11 @@ class ToolRuntime:
         return raw
 
     def _scripted(self, w: _Watch, num_new_tokens: int) -> ScriptedCall | None:
-        script = w.options.script
-        if w.segment >= len(script) - 1:          # the last segment ends with the request
+        if w.cursor is None:
+            w.cursor = ScriptCursor(n for n, _, _ in w.options.script)
+        if w.cursor.on_tokens(num_new_tokens) is None:
             return None
-        w.segment_tokens += num_new_tokens
-        if w.segment_tokens < script[w.segment][0]:
-            return None
-        w.segment_tokens = 0
-        w.segment += 1
+        w.segment = w.cursor.segment
         return ScriptedCall.SEGMENT_END
 
     def over_limit(self, request_id: str) -> bool:

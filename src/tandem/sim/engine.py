@@ -27,34 +27,13 @@ from tandem.sim.executor import FILL_TOKEN, SimExecutor
 from tandem.sim.metrics import RequestRecord
 from tandem.sim.workload import SimRequest
 from tandem.types import Request, StepPlan, StepResult
-from tandem.workload.augmented import Segment
+from tandem.workload.augmented import ScriptCursor, Segment
 
 FIRST_PROMPT_TOKEN = 1000     # prompt i starts with token 1000 + i: no accidental prefix-cache sharing
 
 
 def prompt_token_ids(index: int, num_tokens: int) -> list[int]:
     return [FIRST_PROMPT_TOKEN + index] + [FILL_TOKEN] * (num_tokens - 1)
-
-
-class ScriptCursor:
-    """Where a request is in its segments (the engine's scripted ToolRuntime rule: a segment ends
-    once it has generated `completion_tokens`, counting whole steps; the last ends with the request)."""
-
-    def __init__(self, segments: tuple[Segment, ...]) -> None:
-        self.segments = segments
-        self.segment = 0
-        self.segment_tokens = 0
-
-    def on_tokens(self, num_new_tokens: int) -> Segment | None:
-        """The segment whose tool call starts now, if these tokens completed one."""
-        if self.segment >= len(self.segments) - 1:
-            return None
-        self.segment_tokens += num_new_tokens
-        if self.segment_tokens < self.segments[self.segment].completion_tokens:
-            return None
-        self.segment_tokens = 0
-        self.segment += 1
-        return self.segments[self.segment - 1]
 
 
 class SimEngine:
@@ -69,6 +48,7 @@ class SimEngine:
         self.records: dict[str, RequestRecord] = {}
         self._requests: dict[str, Request] = {}
         self._cursors: dict[str, ScriptCursor] = {}
+        self._segments: dict[str, tuple[Segment, ...]] = {}
         self._tools: dict[str, int] = {}                   # rid -> return tokens of its running tool call
         self._deadlines: list[tuple[float, int, str]] = []   # heap of (deadline, start order, rid)
         self._tool_order = itertools.count()
@@ -117,7 +97,8 @@ class SimEngine:
         request = self._new_request(spec, index, now)
         if spec.has_tools:
             request.tool_key = spec.kind
-            self._cursors[rid] = ScriptCursor(spec.segments)
+            self._cursors[rid] = ScriptCursor(seg.completion_tokens for seg in spec.segments)
+            self._segments[rid] = spec.segments
         self._requests[rid] = request
         self.executor.add_request(rid, spec.acceptance)
         self.scheduler.add_request(request)
@@ -175,9 +156,10 @@ class SimEngine:
                 continue
             cursor = cursors.get(u.request.request_id)
             if cursor is not None:
-                seg = cursor.on_tokens(len(u.new_token_ids))
-                if seg is not None:
-                    out.append(self._pause(u.request.request_id, seg, now))
+                ended = cursor.on_tokens(len(u.new_token_ids))
+                if ended is not None:
+                    segments = self._segments[u.request.request_id]
+                    out.append(self._pause(u.request.request_id, segments[ended], now))
         return out + self._kick(now)
 
     # --- tool calls ------------------------------------------------------------------------
@@ -217,4 +199,5 @@ class SimEngine:
             spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_steps, spec.num_pruned_tokens
         self.executor.release([rid])
         self._cursors.pop(rid, None)
+        self._segments.pop(rid, None)
         del self._requests[rid]

@@ -42,6 +42,29 @@ class Segment:
         return self.api_time_s > 0 or self.return_tokens > 0
 
 
+class ScriptCursor:
+    """Where a scripted request is in its segments: segment i ends once it has generated
+    `lengths[i]` tokens, counting whole steps (a step that crosses the mark ends it there); the
+    last segment ends with the request. The one rule for scripted tool calls: the engine's
+    scripted ToolRuntime (InferCept's method) and the simulator both follow it."""
+
+    def __init__(self, lengths) -> None:
+        self.lengths = list(lengths)
+        self.segment = 0            # the segment being generated
+        self.segment_tokens = 0     # tokens generated in it so far
+
+    def on_tokens(self, num_new_tokens: int) -> int | None:
+        """The index of the segment these tokens completed (its tool call starts now), or None."""
+        if self.segment >= len(self.lengths) - 1:
+            return None
+        self.segment_tokens += num_new_tokens
+        if self.segment_tokens < self.lengths[self.segment]:
+            return None
+        self.segment_tokens = 0
+        self.segment += 1
+        return self.segment - 1
+
+
 @dataclass(frozen=True)
 class AugmentedRequest:
     type: str
