@@ -26,7 +26,8 @@ from tandem.runner.attention import PagedKVCache
 from tandem.runner.device import available_memory_bytes, resolve_device, resolve_dtype, resolve_kv_dtype
 from tandem.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
-from tandem.sched.build import build_scheduler, make_speculation
+from tandem.sched.build import build_scheduler
+from tandem.sched.speculation import make_speculation
 from tandem.sched.cost_model import StepCostModel
 from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
 from tandem.tools.registry import ToolRegistry

@@ -3,7 +3,7 @@
 The engine (`tandem.llm.build_engine`), the simulator (`tandem.sim.build`) and the benchmarks all
 build their scheduler here, so the three run the same wiring. Everything goes in through
 constructors; a benchmark that switches draft-length policy on a loaded engine builds a new
-`Speculation` here and hands it to `Scheduler.reconfigure_speculation` (through
+`Speculation` (tandem.sched.speculation) and hands it to `Scheduler.reconfigure_speculation` (through
 `tandem.llm.reconfigure_speculation`, which also swaps the runner's side). Torch-free and clock-free.
 """
 
@@ -12,21 +12,9 @@ from __future__ import annotations
 from tandem.config import SchedulerConfig, SpecConfig
 from tandem.kv import KVCacheManager
 from tandem.sched.cost_model import StepCostModel
-from tandem.sched.frontiers import make_frontier_chooser
 from tandem.sched.policies import make_policy
-from tandem.sched.scheduler import Scheduler, Speculation
-from tandem.sched.spec_length import AcceptanceModel, make_length_policy
-
-
-def make_speculation(cfg: SpecConfig | None, cost: StepCostModel) -> Speculation | None:
-    """What a `SpecConfig` asks of the scheduler (None: no speculation). The policies read `cost`,
-    the scheduler's step-cost model, which the scheduler trains."""
-    if cfg is None:
-        return None
-    length = make_length_policy(cfg, cost)
-    acceptance = getattr(length, "acceptance", None)      # one owner: the frontier chooser reads it
-    return Speculation(length, 0 if cfg.policy == "none" else cfg.max_draft_tokens,
-                       make_frontier_chooser(cfg, cost, acceptance if isinstance(acceptance, AcceptanceModel) else None))
+from tandem.sched.scheduler import Scheduler
+from tandem.sched.speculation import make_speculation
 
 
 def build_scheduler(config: SchedulerConfig, kv: KVCacheManager, cost: StepCostModel,

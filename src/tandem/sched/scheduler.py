@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
 
 from tandem.config import SchedulerConfig
 from tandem.errors import ConfigError
@@ -34,25 +33,17 @@ from tandem.sched.pauses import PauseBook
 from tandem.sched.policies import SchedulingPolicy, make_policy
 from tandem.sched.preemption import choose_victim
 from tandem.sched.spec_length import DraftLengthPolicy
+from tandem.sched.speculation import Speculation
 from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SchedulerStats, SeqUpdate,
                           SpecStats, StepPlan, StepResult)
-
-
-@dataclass(frozen=True)
-class Speculation:
-    """The scheduler's side of speculative decoding: each request's draft length (`length`), the
-    most drafts a request gets in a step (`max_draft_tokens`; 0 turns drafting off) and, when the
-    scheduler picks frontier sizes per step, the chooser. Built by tandem.sched.build.make_speculation."""
-    length: DraftLengthPolicy
-    max_draft_tokens: int
-    frontiers: FrontierChooser | None = None
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
                  speculation: Speculation | None = None, cost: StepCostModel | None = None,
                  swap_s_per_token: float = 5e-6) -> None:
-        """`speculation`: the draft-length side; None: none. tandem.sched.build builds both from configs."""
+        """`speculation`: the draft-length side (tandem.sched.speculation); None: none. Built from
+        configs by tandem.sched.build."""
         if config.max_model_len > kv.num_blocks * kv.block_size:
             raise ConfigError(f"max_model_len {config.max_model_len} exceeds the KV cache "
                               f"({kv.num_blocks * kv.block_size} tokens): a long request could never run")
@@ -64,12 +55,8 @@ class Scheduler:
         self.ordering = self.policy.ordering
         self.budget = self.policy.budget
         self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
-        self.spec_policy: DraftLengthPolicy | None = None
-        self.max_draft_tokens = 0
-        self.frontiers: FrontierChooser | None = None     # per-step frontier choice
-        self.spec_stats = SpecStats()          # engine-wide speculation counters
         self.requests: dict[str, Request] = {}
-        self.reconfigure_speculation(speculation)
+        self.reconfigure_speculation(speculation)    # spec_policy, max_draft_tokens, frontiers, spec_stats
         self.tpot_guard = (TpotGuard(config.target_tpot_s, self.cost, config.ttft_guard_s)
                            if config.target_tpot_s else None)
         self._step_started: float | None = None
@@ -89,10 +76,10 @@ class Scheduler:
         learned it."""
         if self.requests:
             raise RuntimeError(f"reconfigure_speculation with {len(self.requests)} requests in the scheduler")
-        self.spec_policy = speculation.length if speculation is not None else None
-        self.max_draft_tokens = speculation.max_draft_tokens if speculation is not None else 0
-        self.frontiers = speculation.frontiers if speculation is not None else None
-        self.spec_stats = SpecStats()
+        self.spec_policy: DraftLengthPolicy | None = speculation.length if speculation else None
+        self.max_draft_tokens = speculation.max_draft_tokens if speculation else 0
+        self.frontiers: FrontierChooser | None = speculation.frontiers if speculation else None  # per-step choice
+        self.spec_stats = SpecStats()          # engine-wide speculation counters
 
     # --- requests in and out ---------------------------------------------------------------
     def add_request(self, request: Request) -> None:
