@@ -1,7 +1,8 @@
 """Server-side tool calls inside generation (AugServe's setting), run by the engine.
 
-For each tool-enabled request the runtime watches the generated text; when a complete
-`<tool_call>...</tool_call>` appears it hands back the call, the engine pauses the request in the
+For each tool-enabled request the runtime watches the generated text through the Hermes parser's
+stream (the one the server parses tool calls with); when a complete `<tool_call>...</tool_call>`
+appears it hands back the call (a malformed one too: it gets an error turn), the engine pauses the request in the
 scheduler, and the tool runs on a worker thread with its timeout. Finished calls are collected by
 `poll()`; their result (or an error message: unknown tool, malformed call, exception, timeout) is
 truncated to `max_result_chars` (lone surrogates replaced, so that the tokenizer takes it) and turned
@@ -23,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tandem.tools.parsers.hermes import CLOSE, OPEN, parse_call
+from tandem.tools.parsers.hermes import HermesToolCallStream, parse_call
 from tandem.tools.registry import ToolRegistry
 from tandem.workload.augmented import ScriptCursor
 
@@ -56,7 +57,7 @@ class ToolOptions:
 @dataclass
 class _Watch:
     options: ToolOptions
-    text: str = ""                  # generated text since the last tool result
+    stream: HermesToolCallStream = field(default_factory=HermesToolCallStream)   # text since the last result
     segment: int = 0                # tool calls made so far
     cursor: ScriptCursor | None = None   # scripted: where the request is in its segments
 
@@ -182,13 +183,11 @@ class ToolRuntime:
             return None
         if w.options.script is not None:
             return self._scripted(w, num_new_tokens)
-        w.text += new_text
-        start = w.text.find(OPEN)
-        end = w.text.find(CLOSE, start + len(OPEN)) if start != -1 else -1
-        if end == -1:
+        w.stream.feed(new_text)
+        if not w.stream.closed_blocks:
             return None
-        raw = w.text[start + len(OPEN):end]
-        w.text = ""
+        raw = w.stream.closed_blocks[0]
+        w.stream = HermesToolCallStream()       # the tool's turn follows; what came after the call is dropped
         w.segment += 1
         return raw
 

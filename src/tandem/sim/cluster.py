@@ -36,7 +36,7 @@ from tandem.sim.metrics import SLO, RequestRecord, summarize
 from tandem.sim.sessions import Session
 from tandem.sim.workload import SimRequest
 from tandem.types import Request
-from tandem.workload.augmented import Segment
+from tandem.workload.augmented import AugmentedRequest, Segment
 
 
 class DigestPool(BlockPool):
@@ -188,7 +188,8 @@ class Cluster:
         self.placements_by_session[session.session_id] = choice
         self.placements.append((session.session_id, turn, choice))
         self._pending[rid] = Pending(session, turn, choice)
-        spec = SimRequest(rid, now, len(tokens), (Segment(t.output_tokens),), session.kind, session.acceptance)
+        spec = SimRequest(rid, now, AugmentedRequest(session.kind, len(tokens), [Segment(t.output_tokens)]),
+                          session.acceptance)
         self.replicas[choice].submit(spec, tokens, hashes, now)
 
     def on_finished(self, replica: ReplicaEngine, request_id: str, request: Request | None, now: float) -> None:

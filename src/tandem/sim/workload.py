@@ -2,9 +2,10 @@
 (the augmented tool-call mixture, synthetic length distributions per kind, trace files) and each
 request's draft-acceptance base rate (a Beta distribution per kind).
 
-A `SimRequest` is what a client would send plus what the model would do: prompt length, the
-segments to generate (the last one ends the request; the others end in a tool call of `api_time_s`
-returning `return_tokens`), the kind, and the base acceptance rate of its drafts. Assumed length
+A `SimRequest` is an `AugmentedRequest` (what a client would send plus what the model would do:
+prompt length, the segments to generate, the last one ending the request and the others a tool
+call of `api_time_s` returning `return_tokens`, and the kind) with an arrival time and the base
+acceptance rate of its drafts. Assumed length
 and acceptance distributions are stated in DEFAULT_KINDS and DEFAULT_ACCEPTANCE; override them in
 a scenario file. Seeded by `random.Random`; no torch, no clock.
 """
@@ -41,17 +42,31 @@ LENGTH_COLUMNS = (("ContextTokens", "GeneratedTokens"), ("prompt_tokens", "outpu
 
 @dataclass(frozen=True)
 class SimRequest:
+    """An `AugmentedRequest` (what the client sends and what the model will generate) as one
+    simulated arrival: its id and arrival time, its drafts' base acceptance, and when its client
+    gives up."""
+
     request_id: str
     arrival_s: float
-    prompt_tokens: int
-    segments: tuple[Segment, ...]
-    kind: str = "default"
+    request: AugmentedRequest
     acceptance: float = 0.0              # base per-position draft acceptance
     abort_after_s: float | None = None   # the client gives up this long after arrival
 
     @property
+    def prompt_tokens(self) -> int:
+        return self.request.prompt_tokens
+
+    @property
+    def segments(self) -> list[Segment]:
+        return self.request.segments
+
+    @property
+    def kind(self) -> str:
+        return self.request.type
+
+    @property
     def output_tokens(self) -> int:
-        return sum(s.completion_tokens for s in self.segments)
+        return self.request.output_tokens
 
     @property
     def has_tools(self) -> bool:
@@ -148,6 +163,5 @@ def build_workload(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
     out = []
     for i, (t, req) in enumerate(zip(times, lengths)):
         a, b = spec.acceptance.get(req.type, spec.acceptance.get("default", (7.0, 3.0)))
-        out.append(SimRequest(f"req-{i}", t, req.prompt_tokens, tuple(req.segments), req.type,
-                              acc_rng.betavariate(a, b), spec.abort_after_s))
+        out.append(SimRequest(f"req-{i}", t, req, acc_rng.betavariate(a, b), spec.abort_after_s))
     return out

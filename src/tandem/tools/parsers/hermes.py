@@ -5,7 +5,9 @@ tolerated; whitespace that only separates tool calls from each other or from the
 A block whose JSON is not a call (bad JSON, no name) is left in the content as the model wrote it.
 
 Streaming holds text back from the moment a `<tool_call>` tag may be starting until it closes, then
-emits the call whole (one tool-call delta per call).
+emits the call whole (one tool-call delta per call). The stream is also the engine's detector for
+tools it runs itself (tandem.engine.tool_runtime): it reads `closed_blocks`, every closed block's
+text whether or not it is a call, since there a malformed call gets an error turn, not content.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class HermesToolCallStream(HeldWhitespace):
         self._ws = ""               # trailing whitespace held back (may precede a tool call)
         self._after_call = False    # drop whitespace that directly follows a call
         self._num_calls = 0
+        self.closed_blocks: list[str] = []   # the text between each pair of tags so far, call or not
 
     @property
     def num_calls(self) -> int:
@@ -85,6 +88,7 @@ class HermesToolCallStream(HeldWhitespace):
             if end < 0:
                 return False
             raw, self._buf, self._in_call = self._buf[:end], self._buf[end + len(CLOSE):], False
+            self.closed_blocks.append(raw)
             call = parse_call(raw)
             if call is None:
                 self._emit(OPEN + raw + CLOSE, out)
