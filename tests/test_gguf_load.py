@@ -122,3 +122,40 @@ def test_bounded_int8_keeps_float_weights_for_large_steps(converted, monkeypatch
     ref = _reference(converted, 2)
     for ids in (torch.tensor([3, 5]), torch.tensor([3, 5, 7, 11, 13, 2, 9, 4])):   # the 8-bit kernel, then dense
         assert torch.equal(_hidden_and_logits(model, ids), _hidden_and_logits(ref, ids))
+
+
+def test_the_fused_decoder_stack_gives_the_python_layer_loop_bit_for_bit(converted, monkeypatch):
+    """A decode step through csrc/decoder_stack.cpp (one C++ call for all layers) computes exactly
+    what LlamaModel.forward's Python loop computes, hidden states and KV writes alike; a model it
+    does not fit (Qwen2's q/k/v bias) keeps the Python loop."""
+    from tandem.runner.attention import AttentionBackend, PagedKVCache
+    from tandem.runner.passes import ForwardPass
+    from tandem.sampling_params import SamplingParams
+    from tandem.types import ScheduledSeq
+
+    model, _ = _load(converted, monkeypatch, (0, sys.maxsize))
+    cfg = model.cfg
+    model.ops = make_ops(torch.device("cpu"))
+    caches = [PagedKVCache(cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
+              for _ in range(2)]
+    passes = [ForwardPass(model, AttentionBackend(c, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops),
+                          16, torch.device("cpu")) for c in caches]
+    if cfg.qkv_bias:
+        assert passes[0].stack() is None
+        return
+    assert passes[0].stack() is not None and passes[0].stack().max_rows == sys.maxsize
+    passes[1].fused = False
+    sp = SamplingParams()
+    prompts = {"a": [3, 5, 7, 11, 13, 2, 9], "b": [4, 6, 8]}
+    blocks = {"a": [0, 1], "b": [2, 3]}
+    for p in passes:                          # the prompts: a prefill step, never fused
+        p.run(p.inputs([ScheduledSeq(r, ids, 0, blocks[r], True, sp, 0, ()) for r, ids in prompts.items()]))
+    for step in range(3):                     # decode steps of two rows, then one
+        seqs = [ScheduledSeq("a", [17 + step], 7 + step, blocks["a"], True, sp, step, ())]
+        if step < 2:
+            seqs.append(ScheduledSeq("b", [19 + step], 3 + step, blocks["b"], True, sp, step, ()))
+        fused, plain = (p.run(p.inputs(seqs)) for p in passes)
+        assert passes[0].stack().applies(passes[0].inputs(seqs).meta, len(seqs))
+        assert torch.equal(fused, plain), step
+    for kf, kp, vf, vp in zip(caches[0].k, caches[1].k, caches[0].v, caches[1].v):
+        assert torch.equal(kf, kp) and torch.equal(vf, vp)

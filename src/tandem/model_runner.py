@@ -12,10 +12,11 @@ import torch
 
 from tandem.models.llama import LlamaModel
 from tandem.runner.attention import AttentionBackend, PagedKVCache
-from tandem.runner.inputs import build_inputs
 from tandem.runner.kernels import make_ops
+from tandem.runner.passes import ForwardPass
 from tandem.runner.sampler import SampleRow, Sampler
 from tandem.speculative.decoder import num_accepted
+from tandem.speculative.pipeline import execute_with_pruning
 from tandem.types import StepPlan, StepResult
 
 
@@ -33,7 +34,7 @@ class ModelRunner:
                                   kv_dtype, device)
         model.ops = make_ops(device)
         self.attn = AttentionBackend(self.cache, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops)
-        self.paged_kernel = self.attn.kernel is not None
+        self.passes = ForwardPass(model, self.attn, block_size, device)   # how every step runs the model
         self.sampler = Sampler(device, seed, grammar=grammar)
         self.spec = None            # a tandem.speculative.decoder.SpecDecoder when speculation is on (set_speculation)
         # Host copies of swapped-out blocks (tool pauses); pinned when the device is a GPU.
@@ -59,15 +60,13 @@ class ModelRunner:
         if not plan.seqs:
             return result
         drafts = self.spec.draft(plan) if self.spec is not None else {}
-        if drafts and self.spec.prunes:
-            from tandem.speculative.pipeline import execute_with_pruning
-
-            result = execute_with_pruning(self, plan, drafts)
+        if drafts and self.spec.prunes:          # several passes: frontiers and/or the early-exit check
+            result = execute_with_pruning(self.passes, self.sample_rows, self.spec, plan, drafts)
             self.spec.report(plan, result)
             return result
-        run = self.spec.extend(plan, drafts) if drafts else plan
-        inputs = build_inputs(run, self.block_size, self.device, self.paged_kernel)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta)
+        run = self.spec.extend(plan, drafts) if drafts else plan     # one pass
+        inputs = self.passes.inputs(run.seqs)
+        hidden = self.passes.run(inputs)
         # Logit rows: a drafting request's last committed token and its drafts; others their last token.
         spans, off = [], 0                       # (seq, offset into logits, number of rows)
         row_ids: list[int] = []
@@ -80,9 +79,8 @@ class ModelRunner:
                 off += n_draft + 1
         if not spans:
             return result
-        rows = torch.tensor(row_ids, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows))       # [M, V] float32
-        self._sample_plain(result, [(s, o) for s, o, n in spans if n == 1], logits)
+        logits = self.passes.logits(hidden, row_ids)                            # [M, V] float32
+        self.sample_rows(result, [(s, o) for s, o, n in spans if n == 1], logits)
         originals = {s.request_id: s for s in plan.seqs}
         for s, o, n in spans:
             if n > 1:
@@ -91,7 +89,8 @@ class ModelRunner:
             self.spec.report(plan, result)
         return result
 
-    def _sample_plain(self, result: StepResult, chosen: list, logits: torch.Tensor) -> None:
+    def sample_rows(self, result: StepResult, chosen: list, logits: torch.Tensor) -> None:
+        """Sample one token for each (seq, row of `logits`) in `chosen` into `result`."""
         if not chosen:
             return
         offsets = [o for _, o in chosen]
@@ -130,9 +129,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_logits(self, plan: StepPlan) -> dict[str, torch.Tensor]:
         """Run the plan's forward pass (writing KV) and return every token's logits: [num_tokens, V]."""
-        inputs = build_inputs(plan, self.block_size, self.device, self.paged_kernel)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta)
-        logits = self.model.compute_logits(hidden)
+        inputs = self.passes.inputs(plan.seqs)
+        logits = self.passes.logits(self.passes.run(inputs))
         return {s.request_id: logits[r:r + s.num_tokens] for s, r in zip(inputs.seqs, inputs.row_starts)}
 
     def release(self, request_ids: list[str]) -> None:

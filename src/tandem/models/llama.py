@@ -9,6 +9,8 @@ CPU, plain PyTorch elsewhere). The model knows nothing of requests, scheduling o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -140,6 +142,19 @@ class Linear(nn.Module):
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
+@dataclass(frozen=True)
+class DecoderStack:
+    """A model's decoder layers as one C++ object (`LlamaModel.decoder_stack`) and the steps it
+    serves: decode-only steps (every row in the batched group, no prefill chunk) of at most
+    `max_rows` rows, the most at which every layer still runs the 8-bit kernel."""
+    stack: object
+    max_rows: int
+
+    def applies(self, meta: AttentionMetadata, num_rows: int) -> bool:
+        return (meta.batched is not None and not meta.prefills and meta.num_batched_tokens == num_rows
+                and num_rows <= self.max_rows)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ArchConfig, dtype: torch.dtype) -> None:
         super().__init__()
@@ -200,18 +215,24 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend,
                 meta: AttentionMetadata, num_layers: int | None = None, exit_layer: int | None = None,
-                exit_hook=None) -> torch.Tensor:
+                exit_hook=None, stack=None) -> torch.Tensor:
         """Hidden states (before the final norm) of every input token: [N, hidden].
 
         `num_layers` runs only the first layers (layer-skip self-speculation). `exit_hook(x)` is
         called with the residual stream after `exit_layer` layers; it may return (rows to keep,
         their positions, their attention metadata), and the deeper layers then compute only those
-        rows (early pruning of predicted-rejected drafts); the result has the kept rows only."""
+        rows (early pruning of predicted-rejected drafts); the result has the kept rows only.
+        `stack`: this model's `decoder_stack(attn)`, for a decode-only step it applies to (the
+        caller checks: `DecoderStack.applies`); the same result from one C++ call."""
         ops, eps = self.ops, self.cfg.rms_norm_eps
         layers = self.layers if num_layers is None else self.layers[:num_layers]
         rope = (self.rope_cos, self.rope_sin, positions)
         x = self.embed_table.rows(input_ids) if self.embed_table is not None else \
             F.embedding(input_ids, self.embed)                            # the residual stream [N, hidden]
+        if stack is not None:
+            g = meta.batched
+            return stack.stack.forward(x, self.rope_cos, self.rope_sin, positions, meta.slot_mapping, g.table,
+                                       g.query_seq, g.query_pos, attn.cache.block_size, attn.scale, len(layers))
         h = ops.add_rms_norm(x, None, layers[0].input_norm, eps)
         for i, layer in enumerate(layers):
             h = ops.add_rms_norm(x, layer.attention(h, rope, attn, meta, i, ops), layer.post_norm, eps)
@@ -229,6 +250,29 @@ class LlamaModel(nn.Module):
             else:
                 x.add_(out)
         return x
+
+    def decoder_stack(self, attn: AttentionBackend) -> DecoderStack | None:
+        """The decoder layers over `attn`'s cache as one C++ call (csrc/decoder_stack.cpp), where
+        every layer's linear layers run the 8-bit kernel (a GGUF model with quantization "gguf")
+        and attention has the paged decode kernel; None elsewhere."""
+        m = getattr(self.ops, "m", None)
+        if (m is None or not hasattr(m, "DecoderStack") or attn.kernel is None or attn.kv_write is None
+                or self.cfg.qk_norm or self.embed.device.type != "cpu"):
+            return None
+        parts = [(layer.qkv, layer.o, layer.gate_up, layer.down) for layer in self.layers]
+        flat = [lin for group in parts for lin in group]
+        if any(lin.quant is None or lin.quant.i8 is None or lin.bias is not None for lin in flat):
+            return None
+        max_rows = min(lin.quant.i8_max_rows for lin in flat)
+        if max_rows < 1:
+            return None
+        cfg = self.cfg
+        stack = m.DecoderStack(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps)
+        for i, (layer, group) in enumerate(zip(self.layers, parts)):
+            stack.add_layer(layer.input_norm, layer.post_norm, attn.cache.k[i], attn.cache.v[i],
+                            [lin.quant.i8 for lin in group], [lin.out_features for lin in group],
+                            [lin.quant.qtype for lin in group])
+        return DecoderStack(stack, max_rows)
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the LM head's weight matrix, [len(ids), hidden], wherever they are kept:

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger("tandem.kernels")
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp", "quant_bf16.cpp", "quant_i8.cpp", "prefill_bf16.cpp")]
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp", "quant_bf16.cpp", "quant_i8.cpp", "prefill_bf16.cpp",
+                                                             "decoder_stack.cpp")]
 _module: ModuleType | None = None
 _tried = False
 

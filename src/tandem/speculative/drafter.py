@@ -15,28 +15,23 @@ import time
 
 import torch
 
-from tandem.models.llama import LlamaModel
-from tandem.runner.attention import AttentionBackend
-from tandem.runner.inputs import build_inputs
+from tandem.runner.passes import ForwardPass
 from tandem.runner.sampler import Sampler, SampleRow, apply_min_tokens, warp_probs
 from tandem.speculative.proposer import Draft
-from tandem.types import ScheduledSeq, StepPlan
+from tandem.types import ScheduledSeq
 
 
 class ModelDrafter:
-    """Drafting with a model (a `Proposer`): a separate draft model with its own paged KV, or the
-    target's first `num_layers` layers over the target's KV (`shares_target_kv`)."""
+    """Drafting with a model (a `Proposer`): `passes` runs a separate draft model over its own paged
+    KV, or the target's first layers over the target's KV (`shares_target_kv`)."""
 
     runs_model = True
 
-    def __init__(self, model: LlamaModel, attn: AttentionBackend, block_size: int, device: torch.device,
-                 sampler: Sampler, num_layers: int | None = None, shares_target_kv: bool = False) -> None:
-        self.model = model
-        self.attn = attn
-        self.block_size = block_size
-        self.device = device
+    def __init__(self, passes: ForwardPass, sampler: Sampler, shares_target_kv: bool = False) -> None:
+        self.passes = passes
+        self.model = passes.model
+        self.device = passes.device
         self.sampler = sampler
-        self.num_layers = num_layers
         self.shares_target_kv = shares_target_kv
         self._computed: dict[str, int] = {}     # positions whose draft KV is valid (own-KV drafters)
         self.pass_s = 0.0                       # last propose(): seconds of one steady forward pass
@@ -64,11 +59,9 @@ class ModelDrafter:
                 pace()
             started = time.perf_counter()
             pass_seqs = [self._pass_seq(s, have[s.request_id], last_pos[s.request_id], j) for s in batch]
-            inputs = build_inputs(StepPlan(pass_seqs), self.block_size, self.device, self.attn.kernel is not None)
-            hidden = self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta, self.num_layers)
-            rows = torch.tensor([r + s.num_tokens - 1 for s, r in zip(inputs.seqs, inputs.row_starts)],
-                                device=self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, rows))
+            inputs = self.passes.inputs(pass_seqs)
+            hidden = self.passes.run(inputs)
+            logits = self.passes.logits(hidden, [r + s.num_tokens - 1 for s, r in zip(inputs.seqs, inputs.row_starts)])
             order = {s.request_id: i for i, s in enumerate(inputs.seqs)}
             for s in batch:
                 self._extend(drafts[s.request_id], s, logits[order[s.request_id]], j)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from tandem.config import SpecConfig
 from tandem.errors import ConfigError
+from tandem.runner.passes import ForwardPass
 from tandem.speculative.decoder import SpecDecoder
 from tandem.speculative.drafter import ModelDrafter
 from tandem.speculative.ngram import NgramProposer
@@ -41,8 +42,8 @@ def _make_proposer(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_d
         n = cfg.num_draft_layers or max(1, model.cfg.num_layers // 4)
         if n >= model.cfg.num_layers:
             raise ConfigError(f"num_draft_layers {n} must be below the target's {model.cfg.num_layers} layers")
-        return ModelDrafter(model, runner.attn, runner.block_size, runner.device, _draft_sampler(runner),
-                            num_layers=n, shares_target_kv=True)
+        return ModelDrafter(ForwardPass(model, runner.attn, runner.block_size, runner.device, num_layers=n),
+                            _draft_sampler(runner), shares_target_kv=True)
     if load_draft is None:
         raise ConfigError("a draft model is loaded with the engine (tandem.llm.build_engine), not swapped in later")
     draft_model, draft_tok = load_draft(cfg.draft_model)
@@ -55,7 +56,7 @@ def _make_proposer(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_d
                          runner.device)
     draft_model.ops = model.ops
     attn = AttentionBackend(cache, dc.num_heads, dc.num_kv_heads, dc.head_dim, model.ops)
-    return ModelDrafter(draft_model, attn, runner.block_size, runner.device, _draft_sampler(runner))
+    return ModelDrafter(ForwardPass(draft_model, attn, runner.block_size, runner.device), _draft_sampler(runner))
 
 
 def _draft_sampler(runner):

@@ -1,7 +1,8 @@
 """One executor step with early pruning: frontier passes and/or the early-exit check (pruning.py).
 
 Used by the runner when the speculation config asks for pruning; otherwise verification is one
-plain pass. Pass 0 carries every scheduled request; later passes carry only the drafting requests
+plain pass. It runs the target through the runner's `ForwardPass` (tandem.runner.passes) and samples
+the rows of requests without drafts through the runner's `sample_rows`, both handed in. Pass 0 carries every scheduled request; later passes carry only the drafting requests
 whose drafts were all accepted so far. With overlap (overlap.py) the drafts arrive one frontier at
 a time: while pass f verifies frontier f, the worker drafts frontier f+1 for the requests that
 still want more; a rejection in pass f cancels that request's drafting in flight.
@@ -11,15 +12,17 @@ from __future__ import annotations
 
 import torch
 
-from tandem.runner.inputs import build_inputs
-from tandem.speculative.decoder import num_accepted
+from tandem.runner.passes import ForwardPass
+from tandem.speculative.decoder import SpecDecoder, num_accepted
 from tandem.speculative.proposer import Draft
 from tandem.speculative.pruning import _Rows, exit_hook, pass_seq
 from tandem.types import StepPlan, StepResult
 
 
-def execute_with_pruning(runner, plan: StepPlan, drafts: dict[str, Draft]) -> StepResult:
-    spec, result = runner.spec, StepResult()
+def execute_with_pruning(passes: ForwardPass, sample_rows, spec: SpecDecoder, plan: StepPlan,
+                         drafts: dict[str, Draft]) -> StepResult:
+    """The step's result; `sample_rows(result, [(seq, logits row)], logits)` samples plain rows."""
+    result = StepResult()
     overlap = spec.overlap if spec.overlaps else None
     rows = {s.request_id: _Rows(s, [s.token_ids[-1]] + drafts[s.request_id].tokens,
                                 total=1 + (s.num_draft_tokens if overlap else len(drafts[s.request_id].tokens)))
@@ -43,12 +46,12 @@ def execute_with_pruning(runner, plan: StepPlan, drafts: dict[str, Draft]) -> St
                                  overlap.pace)
             try:
                 with overlap.verifying():
-                    _one_pass(runner, seqs, active, first, drafts, result, lps, cancelled)
+                    _one_pass(passes, sample_rows, spec, seqs, active, first, drafts, result, lps, cancelled)
             finally:
                 new = overlap.result(job)        # never leave the worker drafting past this step
             _take_drafts(new, rows, drafts)
         else:
-            _one_pass(runner, seqs, active, first, drafts, result, lps, cancelled)
+            _one_pass(passes, sample_rows, spec, seqs, active, first, drafts, result, lps, cancelled)
         pass_no += 1
     for rid, r in rows.items():
         d = drafts[rid].tokens
@@ -80,22 +83,19 @@ def _take_drafts(new: dict[str, Draft], rows: dict[str, _Rows], drafts: dict[str
             r.tokens = r.tokens + d.tokens
 
 
-def _one_pass(runner, seqs, active, first, drafts, result: StepResult, lps, cancelled: set[str]) -> None:
-    spec, model = runner.spec, runner.model
-    inputs = build_inputs(StepPlan(seqs), runner.block_size, runner.device, runner.paged_kernel)
+def _one_pass(passes: ForwardPass, sample_rows, spec: SpecDecoder, seqs, active, first, drafts,
+              result: StepResult, lps, cancelled: set[str]) -> None:
+    inputs = passes.inputs(seqs)
     state: dict = {}
     ee = spec.early_exit
-    hook = exit_hook(ee, inputs, active, first, runner.block_size, runner.device, runner.paged_kernel, state) \
-        if ee is not None else None
-    hidden = model(inputs.input_ids, inputs.positions, runner.attn, inputs.meta,
-                   exit_layer=ee.layer if ee is not None else None, exit_hook=hook)
+    hook = exit_hook(ee, inputs, active, first, passes.inputs, state) if ee is not None else None
+    hidden = passes.run(inputs, exit_layer=ee.layer if ee is not None else None, exit_hook=hook)
     inputs = state.get("inputs", inputs)
     plain = [(s, r + s.num_tokens - 1) for s, r in zip(inputs.seqs, inputs.row_starts)
              if s.request_id not in active and s.sample]
     if plain:
-        idx = torch.tensor([r for _, r in plain], device=runner.device)
-        logits = model.compute_logits(hidden.index_select(0, idx))
-        runner._sample_plain(result, [(s, i) for i, (s, _) in enumerate(plain)], logits)
+        logits = passes.logits(hidden, [r for _, r in plain])
+        sample_rows(result, [(s, i) for i, (s, _) in enumerate(plain)], logits)
         if ee is not None:
             for s, _ in plain:
                 ee.observe(result.sampled_token_ids.get(s.request_id, []))
@@ -104,7 +104,7 @@ def _one_pass(runner, seqs, active, first, drafts, result: StepResult, lps, canc
             continue
         rs, a = active[s.request_id], first[s.request_id]
         n = s.num_tokens
-        logits = model.compute_logits(hidden[r0:r0 + n])
+        logits = passes.logits(hidden[r0:r0 + n])
         out, lp = spec.verify(rs.seq, drafts[s.request_id], logits, first=a)
         rs.emitted += out
         if lp:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tandem.runner.inputs import StepInputs, build_inputs
-from tandem.types import ScheduledSeq, StepPlan
+from tandem.runner.inputs import StepInputs
+from tandem.types import ScheduledSeq
 
 
 class EarlyExit:
@@ -76,8 +76,9 @@ def pass_seq(r: _Rows, a: int, b: int) -> ScheduledSeq:
 
 
 def exit_hook(ee: EarlyExit, inputs: StepInputs, rows: dict[str, _Rows], firsts: dict[str, int],
-              block_size: int, device: torch.device, paged: bool, state: dict):
-    """The model's exit hook for one pass: drop rows after a predicted rejection."""
+              build, state: dict):
+    """The model's exit hook for one pass: drop rows after a predicted rejection. `build(seqs)`
+    makes the inputs of the rows kept (ForwardPass.inputs); they are left in state["inputs"]."""
     def hook(x: torch.Tensor):
         checks, where = [], []
         for s, r0 in zip(inputs.seqs, inputs.row_starts):
@@ -99,7 +100,7 @@ def exit_hook(ee: EarlyExit, inputs: StepInputs, rows: dict[str, _Rows], firsts:
         seqs = [ScheduledSeq(s.request_id, s.token_ids[:cut[s.request_id]], s.start, s.block_ids, s.sample,
                              s.sampling_params, s.num_output_tokens, s.stop_token_ids)
                 if s.request_id in cut else s for s in inputs.seqs]
-        new = build_inputs(StepPlan(seqs), block_size, device, paged)
+        new = build(seqs)
         old_start = {s.request_id: r for s, r in zip(inputs.seqs, inputs.row_starts)}
         keep = torch.cat([torch.arange(old_start[s.request_id], old_start[s.request_id] + s.num_tokens)
                           for s in new.seqs]).to(x.device)

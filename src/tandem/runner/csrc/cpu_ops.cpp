@@ -1026,7 +1026,10 @@ void mask_by_bits_(torch::Tensor logits, torch::Tensor rows, torch::Tensor bits)
   });
 }
 
+void register_decoder_stack(pybind11::module_& m);   // decoder_stack.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  register_decoder_stack(m);
   m.def("mask_by_bits_", &mask_by_bits_, "in place: -inf where a row's token bitmask refuses the token");
   m.def("sample_rows", &sample_rows, "inverse-CDF draws of temperature-scaled rows of float32 logits");
   m.def("add_rms_norm", &add_rms_norm, "x += delta (optional); return rms_norm(x) * w");

@@ -1,0 +1,57 @@
+"""One forward pass of a model over scheduled chunks: the unit every executor step is made of.
+
+A plain step is one pass (tandem.model_runner); verification in frontiers, or with the early-exit
+check, is several passes (tandem.speculative.pipeline); a model drafter runs one pass per draft
+position (tandem.speculative.drafter). `ForwardPass` is the one way they all run a model: build the
+pass's inputs from its chunks, run the layers over the paged KV (writing the chunks' K/V), and take
+the logits of the rows asked for. It holds no per-request state and makes no decision.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.runner.attention import AttentionBackend
+from tandem.runner.inputs import StepInputs, build_inputs
+from tandem.types import ScheduledSeq, StepPlan
+
+
+class ForwardPass:
+    def __init__(self, model, attn: AttentionBackend, block_size: int, device: torch.device,
+                 num_layers: int | None = None) -> None:
+        """`model`: a tandem.models.llama.LlamaModel; `num_layers`: run only its first layers
+        (layer-skip drafting), else all."""
+        self.model = model
+        self.attn = attn
+        self.block_size = block_size
+        self.device = device
+        self.num_layers = num_layers
+        self.paged_kernel = attn.kernel is not None
+        self.fused = True           # decode steps through the model's DecoderStack where it applies
+        self._stack = None          # built on first use: the model's kernels and records are final by then
+        self._stack_built = False
+
+    def inputs(self, seqs: list[ScheduledSeq]) -> StepInputs:
+        """The pass's tensors; rows are grouped batched-first (`StepInputs.seqs` is their order)."""
+        return build_inputs(StepPlan(seqs), self.block_size, self.device, self.paged_kernel)
+
+    def run(self, inputs: StepInputs, exit_layer: int | None = None, exit_hook=None) -> torch.Tensor:
+        """Hidden states of every row (or of the rows `exit_hook` keeps: LlamaModel.forward)."""
+        stack = self.stack() if exit_hook is None and self.fused else None
+        if stack is not None and not stack.applies(inputs.meta, int(inputs.input_ids.shape[0])):
+            stack = None
+        return self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta, self.num_layers,
+                          exit_layer=exit_layer, exit_hook=exit_hook, stack=stack)
+
+    def stack(self):
+        """The model's tandem.models.llama.DecoderStack over this pass's cache, or None."""
+        if not self._stack_built:
+            self._stack_built = True
+            self._stack = self.model.decoder_stack(self.attn)
+        return self._stack
+
+    def logits(self, hidden: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """Float32 logits of hidden's rows `rows` (all rows if None): [len(rows), vocab]."""
+        if rows is not None:
+            hidden = hidden.index_select(0, torch.tensor(rows, dtype=torch.long, device=hidden.device))
+        return self.model.compute_logits(hidden)
