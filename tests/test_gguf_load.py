@@ -141,9 +141,9 @@ def test_the_fused_decoder_stack_gives_the_python_layer_loop_bit_for_bit(convert
     passes = [ForwardPass(model, AttentionBackend(c, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, model.ops),
                           16, torch.device("cpu")) for c in caches]
     if cfg.qkv_bias:
-        assert passes[0].stack() is None
+        assert passes[0].stack is None
         return
-    assert passes[0].stack() is not None and passes[0].stack().max_rows == sys.maxsize
+    assert passes[0].stack is not None and passes[0].stack.max_rows == sys.maxsize
     passes[1].fused = False
     sp = SamplingParams()
     prompts = {"a": [3, 5, 7, 11, 13, 2, 9], "b": [4, 6, 8]}
@@ -155,7 +155,7 @@ def test_the_fused_decoder_stack_gives_the_python_layer_loop_bit_for_bit(convert
         if step < 2:
             seqs.append(ScheduledSeq("b", [19 + step], 3 + step, blocks["b"], True, sp, step, ()))
         fused, plain = (p.run(p.inputs(seqs)) for p in passes)
-        assert passes[0].stack().applies(passes[0].inputs(seqs).meta, len(seqs))
+        assert passes[0].stack.applies(passes[0].inputs(seqs).meta, len(seqs))
         assert torch.equal(fused, plain), step
     for kf, kp, vf, vp in zip(caches[0].k, caches[1].k, caches[0].v, caches[1].v):
         assert torch.equal(kf, kp) and torch.equal(vf, vp)

@@ -9,6 +9,8 @@ the logits of the rows asked for. It holds no per-request state and makes no dec
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 
 from tandem.runner.attention import AttentionBackend
@@ -28,8 +30,6 @@ class ForwardPass:
         self.num_layers = num_layers
         self.paged_kernel = attn.kernel is not None
         self.fused = True           # decode steps through the model's DecoderStack where it applies
-        self._stack = None          # built on first use: the model's kernels and records are final by then
-        self._stack_built = False
 
     def inputs(self, seqs: list[ScheduledSeq]) -> StepInputs:
         """The pass's tensors; rows are grouped batched-first (`StepInputs.seqs` is their order)."""
@@ -37,18 +37,17 @@ class ForwardPass:
 
     def run(self, inputs: StepInputs, exit_layer: int | None = None, exit_hook=None) -> torch.Tensor:
         """Hidden states of every row (or of the rows `exit_hook` keeps: LlamaModel.forward)."""
-        stack = self.stack() if exit_hook is None and self.fused else None
+        stack = self.stack if exit_hook is None and self.fused else None
         if stack is not None and not stack.applies(inputs.meta, int(inputs.input_ids.shape[0])):
             stack = None
         return self.model(inputs.input_ids, inputs.positions, self.attn, inputs.meta, self.num_layers,
                           exit_layer=exit_layer, exit_hook=exit_hook, stack=stack)
 
+    @cached_property
     def stack(self):
-        """The model's tandem.models.llama.DecoderStack over this pass's cache, or None."""
-        if not self._stack_built:
-            self._stack_built = True
-            self._stack = self.model.decoder_stack(self.attn)
-        return self._stack
+        """The model's tandem.models.llama.DecoderStack over this pass's cache, or None; built on
+        first use, when the model's kernels and 8-bit records are final."""
+        return self.model.decoder_stack(self.attn)
 
     def logits(self, hidden: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
         """Float32 logits of hidden's rows `rows` (all rows if None): [len(rows), vocab]."""
