@@ -33,7 +33,7 @@ from tandem.sched.pauses import PauseBook
 from tandem.sched.policies import SchedulingPolicy, make_policy
 from tandem.sched.preemption import choose_victim
 from tandem.sched.spec_length import DraftLengthPolicy
-from tandem.sched.speculation import Speculation
+from tandem.sched.speculation import DraftBook, Speculation
 from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SchedulerStats, SeqUpdate,
                           SpecStats, StepPlan, StepResult)
 
@@ -56,12 +56,11 @@ class Scheduler:
         self.budget = self.policy.budget
         self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
         self.requests: dict[str, Request] = {}
-        self.reconfigure_speculation(speculation)    # spec_policy, max_draft_tokens, frontiers, spec_stats
+        self.reconfigure_speculation(speculation)    # self.drafts
         self.tpot_guard = (TpotGuard(config.target_tpot_s, self.cost, config.ttft_guard_s)
                            if config.target_tpot_s else None)
         self._step_started: float | None = None
         self._step_had_decodes = False
-        self._step_catch_up = 0
         self.waiting: list[Request] = []      # kept sorted by the ordering's key
         self.running: list[Request] = []      # in admission order
         self._counter = itertools.count()
@@ -76,10 +75,24 @@ class Scheduler:
         learned it."""
         if self.requests:
             raise RuntimeError(f"reconfigure_speculation with {len(self.requests)} requests in the scheduler")
-        self.spec_policy: DraftLengthPolicy | None = speculation.length if speculation else None
-        self.max_draft_tokens = speculation.max_draft_tokens if speculation else 0
-        self.frontiers: FrontierChooser | None = speculation.frontiers if speculation else None  # per-step choice
-        self.spec_stats = SpecStats()          # engine-wide speculation counters
+        self.drafts = DraftBook(speculation, self.kv, self.config.max_model_len)
+
+    @property
+    def spec_policy(self) -> DraftLengthPolicy | None:
+        return self.drafts.length
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.drafts.max_draft_tokens
+
+    @property
+    def frontiers(self) -> FrontierChooser | None:
+        return self.drafts.frontiers
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        """Engine-wide speculation counters (since the last reconfigure_speculation)."""
+        return self.drafts.stats
 
     # --- requests in and out ---------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -114,10 +127,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]
-        if self.spec_policy is not None:
-            self.spec_policy.forget(request.request_id)
-        if self.frontiers is not None:
-            self.frontiers.forget(request.request_id)
+        self.drafts.forget(request.request_id)
 
     @property
     def num_waiting(self) -> int:
@@ -181,7 +191,6 @@ class Scheduler:
     # --- the step --------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
         self.num_steps += 1
-        self._step_catch_up = 0                 # tokens the proposer must read before drafting
         self.ordering.observe_memory(self.kv.usage)
         if self.ordering.dynamic:
             self.waiting.sort(key=lambda r: self.ordering.key(r, now))
@@ -192,8 +201,9 @@ class Scheduler:
             budget = self.tpot_guard.cap(budget, num_decodes, self._oldest_first_token_wait(now))
         plan = StepPlan(swap_out=self.pauses.take_swap_outs())
         budget = self._schedule_running(plan, budget, now)
-        if self.max_draft_tokens:
-            budget = self._assign_drafts(plan, budget)
+        drafted = self.drafts.assign(plan, self.requests, budget)
+        self.num_scheduled_tokens += drafted
+        budget -= drafted
         if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
             self._schedule_waiting(plan, budget, now)
         plan.released_ids = self.pauses.take_released()
@@ -206,43 +216,6 @@ class Scheduler:
         """Seconds the longest-waiting request without a first token has waited (0 if none)."""
         starts = [r.times.arrival for r in itertools.chain(self.waiting, self.running) if r.times.first_token is None]
         return now - min(starts) if starts else 0.0
-
-    def _assign_drafts(self, plan: StepPlan, budget: int) -> int:
-        """Let the draft-length policy give running decodes draft slots (within budget and KV)."""
-        seqs = [s for s in plan.seqs if s.num_tokens == 1 and s.sample]
-        if not seqs:
-            return budget
-        reqs = [self.requests[s.request_id] for s in seqs]
-        limits = [self._draft_limit(r) for r in reqs]
-        base = plan.num_tokens
-        lengths = self.spec_policy.choose(reqs, limits, base)
-        drafting: list[tuple[Request, int]] = []
-        for seq, req, k in zip(seqs, reqs, lengths):
-            k = min(k, budget)
-            if k > 0 and not self.kv.can_allocate(req, k):
-                k = 0
-            if k > 0:
-                self._step_catch_up += max(0, seq.start + seq.num_tokens - req.num_draft_seen)
-                self.kv.allocate(req, k)
-                req.num_computed_tokens += k          # tentative: update() rolls back rejected slots
-                seq.num_draft_tokens = k
-                seq.block_ids = self.kv.block_ids(req.request_id)
-                self.num_scheduled_tokens += k
-                budget -= k
-                drafting.append((req, k))
-            req.spec.chosen_lengths[k] = req.spec.chosen_lengths.get(k, 0) + 1
-            self.spec_stats.chosen_lengths[k] = self.spec_stats.chosen_lengths.get(k, 0) + 1
-        if self.frontiers is not None and drafting:
-            plan.frontier_size = self.frontiers.choose([r for r, _ in drafting], [k for _, k in drafting], base)
-        return budget
-
-    def _draft_limit(self, r: Request) -> int:
-        """Most draft tokens worth verifying for r: its proposer's offer and its remaining room."""
-        if not r.sampling_params.speculation_ok:
-            return 0
-        room = min(r.max_tokens - r.num_output_tokens, self.config.max_model_len - r.num_tokens) - 1
-        offer = self.max_draft_tokens if r.draft_available is None else r.draft_available
-        return max(0, min(self.max_draft_tokens, offer, room))
 
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
         i = 0
@@ -353,7 +326,7 @@ class Scheduler:
         for seq in plan.seqs:
             request = self.requests.get(seq.request_id)
             if request is not None and seq.num_draft_tokens:
-                self._settle_drafts(request, seq, result)
+                self.drafts.settle(request, seq, result)
             new_ids = result.sampled_token_ids.get(seq.request_id)
             if request is None or not new_ids:
                 continue
@@ -366,23 +339,6 @@ class Scheduler:
             updates.append(SeqUpdate(request, accepted, reason is not None))
         return updates
 
-    def _settle_drafts(self, request: Request, seq: ScheduledSeq, result: StepResult) -> None:
-        """Keep the KV of accepted drafts only; feed the outcome to the length policy."""
-        rid = request.request_id
-        drafted = result.num_draft_tokens.get(rid, 0)
-        accepted = result.num_accepted_tokens.get(rid, 0)
-        emitted = len(result.sampled_token_ids.get(rid, ())) or 1
-        # Every emitted token but the last has its KV computed (the last is the next step's input).
-        request.num_computed_tokens = seq.start + seq.num_tokens + emitted - 1
-        request.num_draft_seen = request.num_computed_tokens     # the proposer read up to here
-        self.kv.truncate(request, request.num_computed_tokens)
-        pruned = result.num_pruned_tokens.get(rid, 0)
-        request.spec.record(drafted, accepted, pruned)
-        self.spec_stats.record(drafted, accepted, pruned)
-        self.spec_policy.observe_request(request, drafted, accepted)
-        if self.frontiers is not None:
-            self.frontiers.observe_request(request, drafted, accepted)
-
     def _observe_step(self, plan: StepPlan, result: StepResult, now: float) -> None:
         for rid, n in result.draft_available.items():
             if rid in self.requests:
@@ -394,7 +350,7 @@ class Scheduler:
         unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
         self.cost.observe(plan.num_tokens - unused, now - self._step_started, result.draft_s,
                           result.draft_pass_s, len(result.num_draft_tokens),
-                          max(result.num_draft_tokens.values(), default=0), self._step_catch_up)
+                          max(result.num_draft_tokens.values(), default=0), self.drafts.catch_up)
         self._step_started = None
 
     def _append_tokens(self, request: Request, new_ids: list[int]) -> tuple[list[int], FinishReason | None]:
