@@ -54,6 +54,29 @@ def test_merge_metrics_labels_each_replica_once_per_family():
     assert {s.labels["replica"] for s in fams["tandem:x"].samples} == {"r1", "r2"}
 
 
+def test_routing_stats_report_the_schedulers_snapshot_and_prefix_digest(tiny_llama):
+    """What a replica tells the router comes from `Scheduler.stats()` and the KV manager's recent
+    hashes: a request waiting with its whole prompt, then, once served, its prompt's full blocks
+    in the digest and nothing left to prefill."""
+    from tandem import LLM, SamplingParams
+    from tandem.cluster.stats import routing_stats
+    from tandem.router import DIGEST_SIZE, digest_of
+
+    llm = LLM(model=str(tiny_llama), dtype="float32", progress=False)
+    eng = llm.engine
+    ids = list(range(5, 5 + 3 * eng.scheduler.kv.block_size + 2))      # 3 full blocks and 2 tokens
+    eng.add_request(None, SamplingParams(max_tokens=2, ignore_eos=True), prompt_token_ids=ids)
+    first = routing_stats(eng, "r0")
+    assert (first["waiting_requests"], first["running_requests"], first["waiting_tokens"]) == (1, 0, len(ids))
+    assert first["prefix_digest"] == frozenset() and first["_spec"] == (0, 0)
+    while eng.has_unfinished_requests():
+        eng.step()
+    done = routing_stats(eng, "r0", first["_spec"])
+    assert (done["waiting_requests"], done["running_requests"], done["waiting_tokens"]) == (0, 0, 0)
+    assert len(done["prefix_digest"]) >= 3
+    assert done["prefix_digest"] == digest_of(eng.scheduler.recent_prefix_hashes(2 * DIGEST_SIZE), DIGEST_SIZE)
+
+
 def test_asgi_forward_runs_the_real_app(tiny_llama):
     """The replica's path: the server's own app, called in-process, whole and streamed."""
     from tandem.server.app import create_app

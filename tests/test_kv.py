@@ -167,6 +167,21 @@ def test_shared_two_block_prefix_hits_and_shares_blocks():
     assert_all_free(kv)
 
 
+def test_recent_block_hashes_are_the_last_published_most_recent_first():
+    """A router's prefix digest reads these: the full blocks' chained hashes, newest first, none
+    without prefix caching."""
+    kv = KVCacheManager(16, BS)
+    a, b = req("a", range(10, 22)), req("b", range(40, 48))       # 3 and 2 full blocks
+    admit(kv, a)
+    admit(kv, b)
+    newest = [blk.block_hash for blk in reversed(blocks(kv, "b"))] + [blocks(kv, "a")[-1].block_hash]
+    assert kv.recent_block_hashes(3) == newest and None not in newest
+    assert len(kv.recent_block_hashes(99)) == 5
+    off = KVCacheManager(16, BS, enable_prefix_caching=False)
+    admit(off, req("a", range(10, 22)))
+    assert off.recent_block_hashes(3) == []
+
+
 @pytest.mark.parametrize("length, expected_hit", [(8, 4), (9, 8), (12, 8)])
 def test_fully_cached_prompt_leaves_a_token_to_compute(length, expected_hit):
     """Even if the whole prompt is cached, at most num_tokens-1 tokens (in full blocks) are hits."""

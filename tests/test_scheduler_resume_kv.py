@@ -142,9 +142,10 @@ def test_aborting_a_paused_request_frees_its_kept_kv_and_the_stats_say_so():
     assert sched.pause_request("held", 0.0, 5.0) is KVAction.PRESERVE
     before = sched.stats()
     assert (before.num_paused, before.num_free_blocks, before.num_running) == (1, 5, 0)
+    assert (before.num_paused_kv_tokens, before.kv_actions["preserve"], before.kv_actions["discard"]) == (28, 1, 0)
     assert sched.abort_request("held") is held and held.status is RequestStatus.FINISHED
     after = sched.stats()
-    assert (after.num_paused, after.num_free_blocks) == (0, 12)
+    assert (after.num_paused, after.num_free_blocks, after.num_paused_kv_tokens) == (0, 12, 0)
     assert sched.pauses.num_held_blocks == 0 and not sched.has_unfinished()
 
 
@@ -159,3 +160,13 @@ def test_the_next_plan_names_requests_whose_kv_a_pause_freed_or_moved():
         assert sched.schedule(1.0).released_ids == released, action
         assert a.num_draft_seen == (0 if released else 25)
         assert sched.schedule(1.0).released_ids == []
+
+
+def test_stats_count_the_context_tokens_still_to_prefill():
+    """Waiting requests count whole; a running one its prompt's uncomputed rest (the router's
+    `waiting_tokens`)."""
+    sched = make(num_blocks=12, action=KVAction.PRESERVE, budget=8)
+    sched.add_request(req("a", 20))
+    run_step(sched)                                  # 8 of a's 20 prompt tokens computed
+    sched.add_request(req("b", 6))
+    assert sched.stats().num_pending_prefill_tokens == (20 - 8 - 1) + 6

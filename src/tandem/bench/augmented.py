@@ -21,6 +21,7 @@ from typing import Any
 from tandem.bench.common import machine_info, percentile, write_json
 from tandem.engine.tool_runtime import ToolOptions
 from tandem.sampling_params import SamplingParams
+from tandem.types import SchedulerStats
 from tandem.workload.arrivals import poisson_arrivals
 from tandem.workload.augmented import AugmentedRequest, Segment, sample_augmented
 
@@ -86,7 +87,7 @@ def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], sl
             if o.finished:
                 records.append(_record(o, info.pop(o.request_id)[0], slo))
     duration = eng.clock() - t0
-    return _summary(policy, records, duration, sched, preempt0)
+    return _summary(policy, records, duration, sched.stats(), preempt0)
 
 
 def _record(out, req: AugmentedRequest, slo: tuple[float, float]) -> dict[str, Any]:
@@ -100,7 +101,8 @@ def _record(out, req: AugmentedRequest, slo: tuple[float, float]) -> dict[str, A
             "predicted_len": m.predicted_output_tokens}
 
 
-def _summary(policy: str, records: list[dict], duration: float, sched, preempt0: int) -> dict[str, Any]:
+def _summary(policy: str, records: list[dict], duration: float, stats: SchedulerStats,
+             preempt0: int) -> dict[str, Any]:
     ttft = [r["ttft_s"] for r in records]
     norm = [r["norm_latency_s"] for r in records]
     pairs = [(r["predicted_len"], r["output_tokens"]) for r in records if r["predicted_len"] is not None]
@@ -114,8 +116,8 @@ def _summary(policy: str, records: list[dict], duration: float, sched, preempt0:
             "slo_attainment": sum(r["slo_met"] for r in records) / max(1, len(records)),
             "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
             "norm_latency_p50_s": percentile(norm, 50), "norm_latency_p99_s": percentile(norm, 99),
-            "kv_actions": {a.value: n for a, n in sched.pauses.num_actions.items()},
-            "preemptions": sched.num_preemptions - preempt0, "predictor_kendall_tau": tau, "records": records}
+            "kv_actions": stats.kv_actions, "preemptions": stats.num_preemptions - preempt0,
+            "predictor_kendall_tau": tau, "records": records}
 
 
 def bench_augmented(llm, policies: list[str], rates: list[float], num_requests: int, seed: int,

@@ -161,7 +161,7 @@ def speed_level(engine: LLMEngine, cost: Any, seed: int = 1) -> float:
                 session.run([session.prompt(rng.randint(100, 300))], 12, "probe-alone")
                 session.run([session.prompt(rng.randint(32, 300)) for _ in range(2)], 12, "probe-pair")
     finally:
-        engine.scheduler.kv.reset_prefix_cache()
+        engine.scheduler.reset_prefix_cache()
     probe = [s for s in recorder.samples if s["phase"] != "warmup"]
     return sum(s["seconds"] for s in probe) / sum(cost.step_time_s(shape_from_sample(s)) for s in probe)
 
@@ -188,7 +188,7 @@ def profile_engine(engine: LLMEngine, model_name: str, quick: bool = False, log:
         with StepRecorder(engine) as recorder:
             measure(_Session(engine, recorder, random.Random(seed)), runner, quick, log)
     finally:
-        engine.scheduler.kv.reset_prefix_cache()
+        engine.scheduler.reset_prefix_cache()
     samples = [s for s in recorder.samples if s["phase"] != "warmup"]
     decode_b1 = [s["seconds"] for s in samples if s["phase"] == "decode-1x64" and s["num_tokens"] == 1]
     kv, sched_cfg = engine.scheduler.kv, engine.scheduler.config

@@ -8,6 +8,7 @@ heads (system prompts, shared prefixes) are the ones worth keeping.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -78,6 +79,11 @@ class BlockPool:
             return  # an identical block is cached already; this one stays private
         block.block_hash = block_hash
         self._cached[block_hash] = block
+
+    def recent_hashes(self, n: int) -> list[BlockHash]:
+        """The hashes of the `n` most recently cached blocks, most recent first."""
+        cached = self._cached                     # insertion order: oldest first
+        return list(itertools.islice(reversed(cached), n))
 
     def reset_prefix_cache(self) -> None:
         for block in list(self._cached.values()):
