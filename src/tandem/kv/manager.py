@@ -20,11 +20,15 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_host_blocks: int = 0) -> None:
+                 num_host_blocks: int = 0, pool: BlockPool | None = None) -> None:
+        """`pool`: a BlockPool of `num_blocks` blocks to use (a subclass that also keeps a digest,
+        as the simulated cluster's replicas do); None: a plain one."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if pool is not None and len(pool.blocks) != num_blocks:
+            raise ValueError(f"the pool holds {len(pool.blocks)} blocks, not {num_blocks}")
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.pool = pool if pool is not None else BlockPool(num_blocks)
         # Host (swap) space: plain free list; swapped requests keep their host block ids here.
         self.num_host_blocks = num_host_blocks
         self._free_host: list[int] = list(range(num_host_blocks - 1, -1, -1))

@@ -10,10 +10,11 @@ the first step on every simulated machine; it keeps learning from the (virtual) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tandem.config import SchedulerConfig, SpecConfig
-from tandem.kv import KVCacheManager
+from tandem.kv import BlockPool, KVCacheManager
 from tandem.sched import build as sched_build
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.scheduler import Scheduler
@@ -63,13 +64,17 @@ def seeded_step_cost(cost: CostModel, cfg: SchedulerConfig) -> StepCostModel:
     return StepCostModel(base_s=max(1e-6, t1 - per_token), per_token_s=per_token, profile=points)
 
 
-def build_scheduler(cfg: SimConfig, cost: CostModel, deployment: Deployment | None = None) -> Scheduler:
+def build_scheduler(cfg: SimConfig, cost: CostModel, deployment: Deployment | None = None,
+                    pool_factory: Callable[[int], BlockPool] | None = None) -> Scheduler:
+    """The deployment's scheduler over a KV manager it sizes; `pool_factory(num_blocks)`: the
+    manager's block pool (the simulated cluster's replicas keep a prefix digest in theirs)."""
     dep = deployment or cost.deployment()
     if getattr(cost, "block_size", cfg.block_size) != cfg.block_size:
         raise ValueError(f"the cost model is sized for KV blocks of {cost.block_size} tokens, "
                          f"not {cfg.block_size}")
     kv = KVCacheManager(dep.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching,
-                        num_host_blocks=dep.num_host_blocks)
+                        num_host_blocks=dep.num_host_blocks,
+                        pool=pool_factory(dep.num_kv_blocks) if pool_factory else None)
     step_cost = seeded_step_cost(cost, cfg.scheduler) if cfg.seed_step_cost else StepCostModel()
     return sched_build.build_scheduler(cfg.scheduler, kv, step_cost, cfg.spec, swap_s_per_token=dep.swap_s_per_token,
                                        trained=cfg.predictor)

@@ -150,8 +150,7 @@ class Cluster:
         dep = cost.deployment()
         self.replicas: dict[str, ReplicaEngine] = {}
         for i in range(num_replicas):
-            scheduler = build_scheduler(cfg, cost, dep)
-            scheduler.kv.pool = DigestPool(scheduler.kv.num_blocks, digest_size)
+            scheduler = build_scheduler(cfg, cost, dep, lambda n: DigestPool(n, digest_size))
             executor = SimExecutor(cost, cfg.seed * 1000 + i, cfg.position_decay)
             rid = f"r{i}"
             eng = ReplicaEngine(rid, self, scheduler, executor, cfg)
