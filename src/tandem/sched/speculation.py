@@ -55,8 +55,10 @@ class DraftBook:
         """Let the draft-length policy give the plan's running decodes draft slots within `budget`
         and the KV; returns the number of draft tokens scheduled."""
         self.catch_up = 0
+        if not self.max_draft_tokens:
+            return 0
         seqs = [s for s in plan.seqs if s.num_tokens == 1 and s.sample]
-        if not self.max_draft_tokens or not seqs:
+        if not seqs:
             return 0
         reqs = [requests[s.request_id] for s in seqs]
         base = plan.num_tokens
