@@ -162,11 +162,11 @@ def test_the_next_plan_names_requests_whose_kv_a_pause_freed_or_moved():
         assert sched.schedule(1.0).released_ids == []
 
 
-def test_stats_count_the_context_tokens_still_to_prefill():
+def test_the_scheduler_counts_the_context_tokens_still_to_prefill():
     """Waiting requests count whole; a running one its prompt's uncomputed rest (the router's
     `waiting_tokens`)."""
     sched = make(num_blocks=12, action=KVAction.PRESERVE, budget=8)
     sched.add_request(req("a", 20))
     run_step(sched)                                  # 8 of a's 20 prompt tokens computed
     sched.add_request(req("b", 6))
-    assert sched.stats().num_pending_prefill_tokens == (20 - 8 - 1) + 6
+    assert sched.pending_prefill_tokens() == (20 - 8 - 1) + 6

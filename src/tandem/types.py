@@ -283,7 +283,6 @@ class SchedulerStats:
     num_running: int
     num_waiting: int
     num_paused: int                     # requests paused on a tool call (AugServe)
-    num_pending_prefill_tokens: int     # context tokens not yet computed (waiting + running prefills)
     num_paused_kv_tokens: int           # device KV (in tokens of whole blocks) held by paused requests
     kv_actions: dict[str, int]          # tool pauses by KV action (preserve / swap / discard)
     num_preemptions: int

@@ -22,7 +22,7 @@ def _attempt(engine: Any, replica_id: str, spec_last: tuple[int, int] | None) ->
     else:
         avg_draft = drafted / steps if steps else 0.0
     recent = sched.recent_prefix_hashes(2 * DIGEST_SIZE)       # most recently cached first
-    return {"replica_id": replica_id, "waiting_tokens": int(st.num_pending_prefill_tokens),
+    return {"replica_id": replica_id, "waiting_tokens": sched.pending_prefill_tokens(),
             "running_requests": st.num_running, "kv_usage": float(st.kv_usage),
             "paused_kv_tokens": int(st.num_paused_kv_tokens), "avg_draft_len": float(avg_draft),
             "prefix_digest": digest_of(recent, DIGEST_SIZE), "max_num_seqs": int(sched.config.max_num_seqs),

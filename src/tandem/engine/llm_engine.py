@@ -67,7 +67,6 @@ class EngineStats:
     spec_num_accepted_tokens: int = 0
     tool_num_calls: int = 0
     tool_num_errors: int = 0
-    num_pending_prefill_tokens: int = 0    # context tokens not yet computed
     num_paused_kv_tokens: int = 0          # device KV (tokens of whole blocks) held by tool-paused requests
     kv_actions: dict[str, int] = field(default_factory=dict)   # tool pauses by KV action
 

@@ -144,19 +144,23 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         """A snapshot of the scheduler's and its KV manager's counters (what engines report)."""
         kv = self.kv
-        waiting, running = list(self.waiting), list(self.running)
-        # tokens still to prefill: the waiting requests' whole contexts, the rest of running prefills
-        pending = sum(max(0, r.num_tokens - r.num_computed_tokens) for r in waiting) + \
-            sum(max(0, r.num_tokens - r.num_computed_tokens - 1) for r in running)
         return SchedulerStats(
-            num_running=len(running), num_waiting=len(waiting), num_paused=self.pauses.num_paused,
-            num_pending_prefill_tokens=pending, num_paused_kv_tokens=self.pauses.num_held_blocks * kv.block_size,
+            num_running=len(self.running), num_waiting=len(self.waiting), num_paused=self.pauses.num_paused,
+            num_paused_kv_tokens=self.pauses.num_held_blocks * kv.block_size,
             kv_actions={a.value: n for a, n in self.pauses.num_actions.items()},
             num_preemptions=self.num_preemptions, num_steps=self.num_steps, kv_usage=kv.usage,
             num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
             prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens,
             spec_num_drafts=self.spec_stats.num_steps, spec_num_draft_tokens=self.spec_stats.num_draft_tokens,
             spec_num_accepted_tokens=self.spec_stats.num_accepted_tokens)
+
+    def pending_prefill_tokens(self) -> int:
+        """Context tokens still to prefill: the waiting requests' whole contexts and the rest of
+        running prefills (a router's load signal; a pass over every request, so not in stats(),
+        which the serving loop takes after every step)."""
+        waiting, running = list(self.waiting), list(self.running)
+        return sum(max(0, r.num_tokens - r.num_computed_tokens) for r in waiting) + \
+            sum(max(0, r.num_tokens - r.num_computed_tokens - 1) for r in running)
 
     def recent_prefix_hashes(self, n: int) -> list:
         """The KV manager's `n` most recently cached block hashes, most recent first."""
