@@ -158,9 +158,8 @@ class Scheduler:
         """Context tokens still to prefill: the waiting requests' whole contexts and the rest of
         running prefills (a router's load signal; a pass over every request, so not in stats(),
         which the serving loop takes after every step)."""
-        waiting, running = list(self.waiting), list(self.running)
-        return sum(max(0, r.num_tokens - r.num_computed_tokens) for r in waiting) + \
-            sum(max(0, r.num_tokens - r.num_computed_tokens - 1) for r in running)
+        return sum(max(0, r.num_tokens - r.num_computed_tokens) for r in self.waiting) + \
+            sum(max(0, r.num_tokens - r.num_computed_tokens - 1) for r in self.running)
 
     def recent_prefix_hashes(self, n: int) -> list:
         """The KV manager's `n` most recently cached block hashes, most recent first."""
