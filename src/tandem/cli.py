@@ -177,6 +177,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--plot", default=None, help="PNG of tok/s against concurrency, one line per policy")
     _model_args(sp)
     sp.set_defaults(func=cmd_bench_spec)
+    ac = bsub.add_parser("acceptance", help="draft offers and acceptance per dataset, fitted for the simulator "
+                                            "(n-gram drafts unless --speculative says otherwise)")
+    ac.add_argument("--datasets", default="sharegpt,humaneval,prompts",
+                    help="comma-separated: sharegpt, humaneval, prompts (per prompt kind) or files")
+    ac.add_argument("--num-requests", type=int, default=40, help="requests per dataset")
+    ac.add_argument("--draft-tokens", type=int, default=8, help="the fixed draft length k every round asks for")
+    ac.add_argument("--temperature", type=float, default=1.0)
+    ac.add_argument("--max-tokens", type=int, default=256, help="cap each request's output")
+    ac.add_argument("--concurrency", type=int, default=8, help="requests in flight (acceptance is load-insensitive)")
+    ac.add_argument("--json", default=None)
+    _model_args(ac)
+    ac.set_defaults(func=cmd_bench_acceptance)
     au = bsub.add_parser("augmented", help="tool-augmented serving per scheduling policy (scripted traces)")
     au.add_argument("--policies", default="fcfs-discard,infercept,augserve")
     au.add_argument("--rates", default="0.1,0.25,0.5", help="Poisson request rates (req/s)")
@@ -232,6 +244,25 @@ def cmd_bench_augmented(a: argparse.Namespace) -> int:
             x = data["results"][str(r)][p][-1]
             print(f"{r:>6} {p:<16} {x['effective_throughput_rps']:>9.3f} {x['slo_attainment']:>5.0%} "
                   f"{x['ttft_p50_s']:>9.2f} {x['ttft_p99_s']:>9.2f}")
+    return 0
+
+
+def cmd_bench_acceptance(a: argparse.Namespace) -> int:
+    from tandem.bench.acceptance import bench_acceptance
+    from tandem.config import SpecConfig
+
+    if a.draft_tokens < 1 or a.num_requests < 1 or a.concurrency < 1:
+        print("tandem: error: --draft-tokens, --num-requests and --concurrency must be >= 1", file=sys.stderr)
+        return 2
+    spec = SpecConfig(method=a.speculative or "ngram", max_draft_tokens=a.draft_tokens, draft_model=a.draft_model,
+                      draft_quantization=a.draft_quantization, num_draft_layers=a.num_draft_layers)
+    llm = _make_llm(a, speculative=spec)
+    try:
+        bench_acceptance(llm, [d for d in a.datasets.split(",") if d], a.num_requests, a.draft_tokens,
+                         a.temperature, a.max_tokens, a.concurrency, a.json, seed=a.seed or 0)
+    except ValueError as e:
+        print(f"tandem: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -33,10 +33,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction,
     s.add_argument("--plots", default=None, help="write PNG plots into this directory")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--requests", type=int, default=None, help="requests per run (scenario default otherwise)")
-    s.add_argument("--hardware", default=None, help="faser: accelerator preset (default H100-80GB)")
+    s.add_argument("--hardware", default=None, help="faser: accelerator preset (default H100-80GB), or calibrated:PATH "
+                                                          "for a `tandem simulate calibrate` profile of this machine")
     s.add_argument("--gpus", type=int, default=None, help="faser: GPUs for the 32B target (default 2)")
     s.add_argument("--peak-load", type=float, default=None,
                    help="faser: diurnal peak / no-SD capacity (default 1)")
+    s.add_argument("--acceptance", default=None, metavar="PATH",
+                   help="faser: measured kinds from `tandem bench acceptance --json PATH` (lengths, acceptance, "
+                        "offers; default: assumed kinds)")
     s.add_argument("--no-ablation", action="store_true",
                    help="faser: skip the frontiers / overlap ablation runs")
     s.add_argument("--deployments", default=None,
@@ -87,7 +91,7 @@ def _run_scenario(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
         opts = FaserOptions()
         for attr, value in (("num_requests", a.requests), ("seed", a.seed), ("hardware", a.hardware),
-                            ("num_gpus", a.gpus), ("peak_load", a.peak_load)):
+                            ("num_gpus", a.gpus), ("peak_load", a.peak_load), ("acceptance", a.acceptance)):
             if value is not None:
                 setattr(opts, attr, value)
         opts.ablation = not a.no_ablation

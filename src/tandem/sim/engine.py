@@ -100,7 +100,7 @@ class SimEngine:
             self._cursors[rid] = ScriptCursor(seg.completion_tokens for seg in spec.segments)
             self._segments[rid] = spec.segments
         self._requests[rid] = request
-        self.executor.add_request(rid, spec.acceptance)
+        self.executor.add_request(rid, spec.acceptance, spec.draft)
         self.scheduler.add_request(request)
         out = self._kick(now)
         if spec.abort_after_s is not None:

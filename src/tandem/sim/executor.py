@@ -5,9 +5,13 @@ a next token for every sampled sequence, draft outcomes for every sequence with 
 Token ids carry no meaning here (output lengths come from the workload and requests run with
 ignore_eos), so every sampled token is FILL_TOKEN. A sequence verifying k drafts accepts the
 longest run of successes of position-dependent Bernoulli draws: draft m (1-based) is accepted with
-probability base * decay^(m-1), the request's base acceptance drawn per workload kind; the target
-then adds one token, so k drafts give `accepted + 1` tokens. Each request draws from its own
-seeded RNG, so outcomes do not depend on what else is batched with it. No torch, no clock.
+probability base * decay^(m-1), the request's base acceptance drawn per workload kind, or base *
+position[m-1] where the kind has a measured `DraftModel`; the target then adds one token, so k
+drafts give `accepted + 1` tokens. A kind whose model has an offer chain (an n-gram proposer) also
+reports, like the engine's runner, how many drafts each request can offer next round
+(`StepResult.draft_available`, 0 on rounds where the lookup finds nothing), and the scheduler
+plans no more. Each request draws from its own seeded RNG, so outcomes do not depend on what else
+is batched with it. No torch, no clock.
 
 With `frontier_size` F > 0 (FASER's early pruning; the plan's own `frontier_size` when the
 scheduler chooses per step), verification runs in passes of F drafts and a rejection in one
@@ -23,19 +27,50 @@ import dataclasses
 import random
 
 from tandem.sim.cost.base import CostModel, StepShape, frontier_step, shape_of
+from tandem.sim.workload import DraftModel
 from tandem.types import StepPlan, StepResult
 
 FILL_TOKEN = 11
 
 
-def draw_accepted(rng: random.Random, base: float, num_drafts: int, decay: float) -> int:
-    """Accepted drafts out of `num_drafts`: stop at the first rejection."""
+def draw_accepted(rng: random.Random, base: float, num_drafts: int, decay: float,
+                  position: tuple[float, ...] = ()) -> int:
+    """Accepted drafts out of `num_drafts`: stop at the first rejection. Draft m (0-based) passes
+    with probability base * position[m] (capped at 1; the last ratio repeats past the list), or
+    base * decay^m without a position list."""
     p = base
     for m in range(num_drafts):
+        if position:
+            p = min(1.0, base * position[min(m, len(position) - 1)])
         if rng.random() >= p:
             return m
-        p *= decay
+        if not position:
+            p *= decay
     return num_drafts
+
+
+class _SimSeq:
+    """One request's draft outcome state: base rate, kind model, own RNG, whether it offered last."""
+    __slots__ = ("base", "draft", "rng", "offering")
+
+    def __init__(self, base: float, draft: DraftModel | None, rng: random.Random) -> None:
+        self.base, self.draft, self.rng, self.offering = base, draft, rng, False
+
+    def next_offer(self) -> int | None:
+        """Drafts the proposer holds for the next round (None: whatever is asked, a draft model)."""
+        d = self.draft
+        if d is None or d.offer is None:
+            return None
+        rng = self.rng
+        self.offering = rng.random() < d.offer[0 if self.offering else 1]
+        if not self.offering:
+            return 0
+        u, acc = rng.random(), 0.0
+        for n, p in enumerate(d.offer_lengths, start=1):
+            acc += p
+            if u < acc:
+                return n
+        return len(d.offer_lengths)
 
 
 class SimExecutor:
@@ -48,12 +83,12 @@ class SimExecutor:
         self.position_decay = position_decay
         self.frontier_size = frontier_size
         self.overlap = overlap
-        self._requests: dict[str, tuple[float, random.Random]] = {}
+        self._requests: dict[str, _SimSeq] = {}
         self.last_duration_s = 0.0
         self.busy_s = 0.0                  # virtual seconds spent in steps
 
-    def add_request(self, request_id: str, acceptance: float) -> None:
-        self._requests[request_id] = (acceptance, random.Random(f"{self.seed}:{request_id}"))
+    def add_request(self, request_id: str, acceptance: float, draft: DraftModel | None = None) -> None:
+        self._requests[request_id] = _SimSeq(acceptance, draft, random.Random(f"{self.seed}:{request_id}"))
 
     def release(self, request_ids: list[str]) -> None:
         for rid in request_ids:
@@ -68,12 +103,17 @@ class SimExecutor:
                 continue
             k = s.num_draft_tokens
             accepted = 0
+            seq = self._requests.get(s.request_id)
             if k:
-                base, rng = self._requests[s.request_id]
-                accepted = draw_accepted(rng, base, k, decay)
+                draft = seq.draft
+                accepted = draw_accepted(seq.rng, seq.base, k, decay, draft.position if draft else ())
                 result.num_draft_tokens[s.request_id] = k
                 result.num_accepted_tokens[s.request_id] = accepted
             result.sampled_token_ids[s.request_id] = [FILL_TOKEN] * (accepted + 1)
+            if seq is not None and seq.draft is not None:
+                offer = seq.next_offer()
+                if offer is not None:
+                    result.draft_available[s.request_id] = offer
         shape = shape_of(plan)
         size = self.frontier_size if plan.frontier_size is None else plan.frontier_size
         if size and result.num_draft_tokens:

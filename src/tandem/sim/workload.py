@@ -41,6 +41,41 @@ LENGTH_COLUMNS = (("ContextTokens", "GeneratedTokens"), ("prompt_tokens", "outpu
 
 
 @dataclass(frozen=True)
+class DraftModel:
+    """How a kind's drafts behave beyond the per-request base rate (measured by `tandem bench
+    acceptance`): `position[m]` scales the base for draft m + 1 (conditional on drafts 1..m being
+    accepted; empty: the executor's geometric `position_decay`); `offer` = (P(offer | the last
+    round offered), P(offer | it did not)) and `offer_lengths` = P(1..k drafts | offering), for a
+    proposer that has nothing to offer at times (an n-gram lookup); None: always k."""
+    position: tuple[float, ...] = ()
+    offer: tuple[float, float] | None = None
+    offer_lengths: tuple[float, ...] = ()
+
+
+def parse_acceptance(value: Any) -> tuple[tuple[float, float], DraftModel | None]:
+    """A kind's acceptance entry: [a, b] (the Beta of the base rate; drafts always offered, the
+    geometric position decay), or {"beta": [a, b], "position": [...], "offer": [p_on, p_off],
+    "offer_lengths": [...], "source": "..."} as `tandem bench acceptance` fits it."""
+    if isinstance(value, dict):
+        unknown = set(value) - {"beta", "position", "offer", "offer_lengths", "source"}
+        if unknown or "beta" not in value:
+            raise ValueError(f"an acceptance entry needs 'beta' and takes position, offer, offer_lengths, "
+                             f"source; got {sorted(value)}")
+        a, b = value["beta"]
+        offer = value.get("offer")
+        if offer is not None and (len(offer) != 2 or not all(0 <= p <= 1 for p in offer)):
+            raise ValueError(f"acceptance 'offer' is [P(offer | offered), P(offer | not)], got {offer}")
+        lengths = tuple(float(x) for x in value.get("offer_lengths", ()))
+        if offer is not None and not lengths:
+            raise ValueError("acceptance 'offer' needs 'offer_lengths' (P(1..k drafts | offering))")
+        draft = DraftModel(tuple(float(x) for x in value.get("position", ())),
+                           None if offer is None else (float(offer[0]), float(offer[1])), lengths)
+        return (float(a), float(b)), draft
+    a, b = value
+    return (float(a), float(b)), None
+
+
+@dataclass(frozen=True)
 class SimRequest:
     """An `AugmentedRequest` (what the client sends and what the model will generate) as one
     simulated arrival: its id and arrival time, its drafts' base acceptance, and when its client
@@ -51,6 +86,7 @@ class SimRequest:
     request: AugmentedRequest
     acceptance: float = 0.0              # base per-position draft acceptance
     abort_after_s: float | None = None   # the client gives up this long after arrival
+    draft: DraftModel | None = None      # the kind's position and offer model (None: geometric, always offered)
 
     @property
     def prompt_tokens(self) -> int:
@@ -83,7 +119,8 @@ class WorkloadSpec:
     peak_valley_ratio: float = 35.0     # diurnal
     period_s: float | None = None       # diurnal: one "day" (default: the whole run)
     kinds: dict[str, dict[str, Any]] = field(default_factory=lambda: dict(DEFAULT_KINDS))
-    acceptance: dict[str, tuple[float, float]] = field(default_factory=lambda: dict(DEFAULT_ACCEPTANCE))
+    # kind -> [a, b] or a fitted draft model (parse_acceptance)
+    acceptance: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_ACCEPTANCE))
     profiles: str | None = None         # augmentations.json to use (default: the bundled one)
     abort_after_s: float | None = None
 
@@ -160,8 +197,10 @@ def build_workload(spec: WorkloadSpec, seed: int) -> list[SimRequest]:
     lengths = _lengths(spec, rng)
     times = _arrivals(spec, len(lengths), random.Random(seed + 1))
     acc_rng = random.Random(seed + 2)
+    models = {k: parse_acceptance(v) for k, v in spec.acceptance.items()}
+    fallback = models.get("default", ((7.0, 3.0), None))
     out = []
     for i, (t, req) in enumerate(zip(times, lengths)):
-        a, b = spec.acceptance.get(req.type, spec.acceptance.get("default", (7.0, 3.0)))
-        out.append(SimRequest(f"req-{i}", t, req, acc_rng.betavariate(a, b), spec.abort_after_s))
+        (a, b), draft = models.get(req.type, fallback)
+        out.append(SimRequest(f"req-{i}", t, req, acc_rng.betavariate(a, b), spec.abort_after_s, draft))
     return out

@@ -14,12 +14,22 @@ The headline compares adaptive with the best baseline on each figure. An ablatio
 runs the same two measurements with verification in frontiers of 4 drafts, alone, with the next
 frontier's drafting overlapped, and with both chosen per step by the scheduler, on top of adaptive
 and of fixed k = 8.
+
+`acceptance` (a `tandem bench acceptance` JSON) replaces the assumed kinds with measured ones: each
+dataset's kinds with their fitted lengths, request weights, per-request Beta, per-position
+conditional acceptance and offer chain (tandem.sim.workload.DraftModel), each entry citing the
+file. With `hardware="calibrated:PATH"` (a `tandem simulate calibrate` profile of the machine) the
+scenario is the engine's own CPU deployment: the proposer the measurement used (n-gram drafts cost
+no forward, as the profile measures), the engine's step budget (512 tokens, 64 sequences).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from statistics import fmean
 from typing import Any
 
@@ -40,6 +50,32 @@ FRONTIER = 4
 def _spec(policy: str, k: int = MAX_K, frontier_size: int = 0, overlap: bool = False, auto: bool = False) -> SpecConfig:
     return SpecConfig(method="draft", draft_model="qwen3-0.6b", policy=policy, max_draft_tokens=k,
                       frontier_size=frontier_size, overlap=overlap, adaptive_frontiers=auto)
+
+
+def measured_kinds(path: str | Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(kinds, acceptance, about) from a `tandem bench acceptance` JSON: every dataset's kinds
+    (ShareGPT and HumanEval are one kind each, the prompt set one per prompt kind) weighted by
+    their request counts, with fitted lengths and draft models; `about` names the measurement."""
+    doc = json.loads(Path(path).read_text())
+    source = (f"{Path(path).name}: tandem bench acceptance, {doc.get('method')} drafts, k = {doc.get('draft_tokens')}, "
+              f"temperature {doc.get('temperature')}, {doc.get('machine', {}).get('cpu', '?')}")
+    kinds, acceptance = {}, {}
+    for name, ds in doc["datasets"].items():
+        for kind, fit in ds["kinds"].items():
+            if not fit.get("prompt") or not fit.get("output") or not fit.get("num_offering_rounds"):
+                continue
+            kinds[kind] = {"weight": fit["num_requests"], "prompt": fit["prompt"], "output": fit["output"]}
+            p = fit["position_acceptance"][0] or 0.0
+            beta = fit.get("beta") or [max(p, 1e-3) * 50, max(1 - p, 1e-3) * 50]   # one request: a tight Beta
+            entry = {"beta": beta, "position": fit["position"], "source": f"{source}, {name}/{kind}"}
+            if doc.get("method") == "ngram":
+                entry.update(offer=fit["offer"], offer_lengths=fit["offer_lengths"])
+            acceptance[kind] = entry
+    if not kinds:
+        raise ValueError(f"{path}: no dataset kind with drafts to model")
+    about = {"source": str(path), "method": doc.get("method"), "draft_tokens": doc.get("draft_tokens"),
+             "temperature": doc.get("temperature"), "machine": doc.get("machine")}
+    return kinds, acceptance, about
 
 
 RUNS = (RunSpec("no-sd"), RunSpec("fixed-2", spec=_spec("fixed", 2)),
@@ -70,6 +106,7 @@ class FaserOptions:
     seed: int = 0
     num_bins: int = 24                   # latency by time of day: one bin per "hour"
     ablation: bool = True                # also run ABLATION (frontiers, overlap)
+    acceptance: str | None = None        # a `tandem bench acceptance` JSON: measured kinds (else assumed)
 
 
 def timeline(records: list[RequestRecord], period_s: float, bins: int) -> dict[str, Any]:
@@ -95,15 +132,33 @@ def timeline(records: list[RequestRecord], period_s: float, bins: int) -> dict[s
             "peak_e2e_mean_s": fmean(phase["peak"]) if phase["peak"] else None}
 
 
+def _with_method(run: RunSpec, method: str) -> RunSpec:
+    if run.spec is None or method == "draft":
+        return run
+    return RunSpec(run.label, run.policy, dataclasses.replace(run.spec, method=method, draft_model=None))
+
+
 def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
+    cpu = opts.hardware.startswith("calibrated")
     plain = make_cost_model(opts.hardware, opts.target, num_gpus=opts.num_gpus)
-    spec = make_cost_model(opts.hardware, opts.target, opts.draft, num_gpus=opts.num_gpus)
-    base = SimConfig(scheduler=default_scheduler(), seed=opts.seed)
+    spec = make_cost_model(opts.hardware, opts.target, None if cpu else opts.draft, num_gpus=opts.num_gpus)
+    sched = default_scheduler(512, 64) if cpu else default_scheduler()
+    base = SimConfig(scheduler=sched, seed=opts.seed)
     log(f"{spec.deployment().description}")
-    sat_wl = WorkloadSpec(dataset="synthetic", arrival="poisson", num_requests=opts.saturation_requests)
+    workload_kw: dict[str, Any] = {}
+    measured = None
+    method = "draft"
+    if opts.acceptance:
+        kinds, acceptance, measured = measured_kinds(opts.acceptance)
+        workload_kw = {"kinds": kinds, "acceptance": acceptance}
+        method = measured["method"] or "draft"
+        log(f"  measured kinds ({opts.acceptance}): " + ", ".join(
+            f"{k} (w {v['weight']}, first-draft acceptance {acceptance[k]['beta'][0] / sum(acceptance[k]['beta']):.2f})"
+            for k, v in kinds.items()))
+    sat_wl = WorkloadSpec(dataset="synthetic", arrival="poisson", num_requests=opts.saturation_requests, **workload_kw)
     sat_reqs = build_workload(sat_wl, opts.seed)
     mean_out = sum(r.output_tokens for r in sat_reqs) / len(sat_reqs)
-    runs = RUNS + (ABLATION if opts.ablation else ())
+    runs = tuple(_with_method(r, method) for r in RUNS + (ABLATION if opts.ablation else ()))
     capacity = {}
     for run in runs:
         cost = spec if run.spec else plain
@@ -114,7 +169,7 @@ def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
     mean_rate = peak * (1 + opts.peak_valley_ratio) / (2 * opts.peak_valley_ratio)
     period = opts.num_requests / mean_rate
     wl = WorkloadSpec(dataset="synthetic", arrival="diurnal", num_requests=opts.num_requests, rate=mean_rate,
-                      peak_valley_ratio=opts.peak_valley_ratio, period_s=period)
+                      peak_valley_ratio=opts.peak_valley_ratio, period_s=period, **workload_kw)
     log(f"  diurnal day: {opts.num_requests} requests over {period:.0f} s, mean {mean_rate:.2f} req/s, "
         f"peak {peak:.2f} req/s, valley {peak / opts.peak_valley_ratio:.3f} req/s")
     rows = []
@@ -132,7 +187,9 @@ def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
     main, ablation = rows[:len(RUNS)], rows[len(RUNS):]
     return {"scenario": "faser", "options": dict(opts.__dict__), "description": spec.deployment().description,
             "diurnal": {"mean_rate": mean_rate, "peak_rate": peak, "period_s": period}, "rows": main,
-            "ablation": ablation, "frontier_size": FRONTIER, "headline": headline(main)}
+            "ablation": ablation, "frontier_size": FRONTIER, "measured": measured,
+            "workload": workload_kw or "assumed (tandem.sim.workload.DEFAULT_KINDS, DEFAULT_ACCEPTANCE)",
+            "headline": headline(main)}
 
 
 def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:

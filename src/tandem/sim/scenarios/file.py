@@ -18,6 +18,9 @@ Schema (every key optional unless marked; defaults in brackets):
                    "num_requests": 1000, "arrival": "poisson",   # poisson | gamma | diurnal | trace | a file
                    "rate": 2.0, "cv": 2.0, "peak_valley_ratio": 35, "period_s": null,
                    "kinds": {...}, "acceptance": {"chat": [7, 3]}, "profiles": null, "abort_after_s": null},
+                   # an acceptance entry is [a, b] (Beta of the base rate) or, as `tandem bench
+                   # acceptance` fits it, {"beta": [a, b], "position": [...], "offer": [p, q],
+                   # "offer_lengths": [...], "source": "..."}
       "rates": [1, 2, 4],                            # one run per rate [the workload's rate]
       "runs": [                                      # (required)
         {"label": "vllm", "policy": "fcfs-discard"},
@@ -42,7 +45,7 @@ from tandem.sim.build import SimConfig
 from tandem.sim.cost import make_cost_model
 from tandem.sim.metrics import SLO
 from tandem.sim.scenarios.common import Log, RunSpec, run_one
-from tandem.sim.workload import WorkloadSpec
+from tandem.sim.workload import WorkloadSpec, parse_acceptance
 
 SIM_KEYS = ("block_size", "enable_prefix_caching", "tool_time_hint", "position_decay")
 DEPLOYMENT_KEYS = ("hardware", "model", "draft_model", "num_gpus", "gpu_memory_utilization", "swap_space_gb")
@@ -69,7 +72,9 @@ def parse_runs(doc: dict[str, Any]) -> list[RunSpec]:
 def parse_workload(doc: dict[str, Any]) -> WorkloadSpec:
     wl = dict(doc.get("workload", {}))
     if "acceptance" in wl:
-        wl["acceptance"] = {k: tuple(v) for k, v in wl["acceptance"].items()}
+        wl["acceptance"] = {k: v if isinstance(v, dict) else tuple(v) for k, v in wl["acceptance"].items()}
+        for v in wl["acceptance"].values():
+            parse_acceptance(v)                 # a malformed entry fails here, with its message
     known = {f.name for f in dataclasses.fields(WorkloadSpec)}
     unknown = set(wl) - known
     if unknown:
