@@ -144,6 +144,11 @@ def test_faser_measured_kinds(tmp_path):
     assert "acc.json" in entry["source"] and "test-cpu" in entry["source"]
     assert parse_acceptance(entry)[1].offer == tuple(fit["offer"])
     assert about["method"] == "ngram"
+    other = tmp_path / "other.json"
+    other.write_text("[1, 2]")
+    for bad in (tmp_path / "missing.json", other):      # the CLI turns ValueError into exit code 2
+        with pytest.raises(ValueError, match="tandem bench acceptance"):
+            measured_kinds(bad)
 
 
 def test_measure_on_an_engine_records_every_decode_round(tiny_loopy):

@@ -56,11 +56,15 @@ def measured_kinds(path: str | Path) -> tuple[dict[str, Any], dict[str, Any], di
     """(kinds, acceptance, about) from a `tandem bench acceptance` JSON: every dataset's kinds
     (ShareGPT and HumanEval are one kind each, the prompt set one per prompt kind) weighted by
     their request counts, with fitted lengths and draft models; `about` names the measurement."""
-    doc = json.loads(Path(path).read_text())
+    try:
+        doc = json.loads(Path(path).read_text())
+        datasets = doc["datasets"].items()
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+        raise ValueError(f"--acceptance {path}: not a `tandem bench acceptance` JSON ({e!r})") from e
     source = (f"{Path(path).name}: tandem bench acceptance, {doc.get('method')} drafts, k = {doc.get('draft_tokens')}, "
               f"temperature {doc.get('temperature')}, {doc.get('machine', {}).get('cpu', '?')}")
     kinds, acceptance = {}, {}
-    for name, ds in doc["datasets"].items():
+    for name, ds in datasets:
         for kind, fit in ds["kinds"].items():
             if not fit.get("prompt") or not fit.get("output") or not fit.get("num_offering_rounds"):
                 continue
