@@ -168,3 +168,14 @@ def test_measure_on_an_engine_records_every_decode_round(tiny_loopy):
         # Every token after the first comes from a decode round: its accepted drafts plus one.
         assert sum(a + 1 for _, a in r["rounds"]) == r["output_tokens"] - 1
         assert all(0 <= a <= o <= 4 for o, a in r["rounds"])
+
+
+def test_gpu_faser_acceptance_is_the_published_profile():
+    from tandem.sim.scenarios.faser import PUBLISHED_ACCEPTANCE
+    from tandem.sim.workload import DEFAULT_KINDS
+
+    assert set(PUBLISHED_ACCEPTANCE) == set(DEFAULT_KINDS)       # every kind the scenario draws
+    for kind, entry in PUBLISHED_ACCEPTANCE.items():
+        (a, b), draft = parse_acceptance(entry)
+        assert 0.65 < a / (a + b) < 0.8 and "2601.11580" in entry["source"]
+        assert draft.offer is None and len(draft.position) == 8 and draft.position[0] == 1.0
