@@ -114,6 +114,35 @@ def test_roofline_is_memory_bound_at_decode_and_compute_bound_at_prefill():
     assert make_cost_model("A100-80GB", "llama3-70b", num_gpus=4).deployment().num_kv_blocks > 0
 
 
+def test_calibrated_fit_recovers_small_step_cost_and_levels_scale_by_step_class():
+    from tandem.sim.cost.calibrated import FEATURES, CalibratedCost, fit
+
+    true = {"const": 4e-3, "tokens": 6e-4, "tokens_upto_32": 4e-4, "logit_rows": 7e-4}
+
+    def sample(seqs: int, tokens: int, prefill: int) -> dict:
+        shape = StepShape(seqs, tokens, seqs, prefill, tokens, tokens)
+        secs = sum(c * FEATURES[f](shape) for f, c in true.items())
+        return {"num_seqs": seqs, "num_tokens": tokens, "num_logit_rows": seqs, "num_prefill_tokens": prefill,
+                "context_tokens": tokens, "attention_pairs": tokens, "seconds": secs}
+
+    samples = [sample(1, t, t) for t in (8, 24, 48, 96, 200, 400)] + [sample(b, b, 0) for b in (1, 4, 16, 64)]
+    got = fit(samples, ("const", "tokens", "tokens_upto_32", "logit_rows"))
+    assert got["coef"] == pytest.approx([true[f] for f in got["features"]], rel=1e-6)
+    assert got["rel_error_max"] < 1e-9
+
+    profile = {"format": "tandem-sim-profile/1", "model": "m", "fit": got,
+               "engine": {"block_size": 16, "kv_bytes_per_token": 1024}}
+    prefill, decode = StepShape(1, 100, 1, 100, 100, 5050), StepShape(4, 4, 4, 0, 400, 400)
+    base = CalibratedCost(profile)
+    leveled = CalibratedCost(profile, prefill_level=1.2, decode_level=0.9)
+    assert leveled.step_time_s(prefill) == pytest.approx(1.2 * base.step_time_s(prefill))
+    assert leveled.step_time_s(decode) == pytest.approx(0.9 * base.step_time_s(decode))
+    assert base.step_time_s(StepShape(1, 20, 1, 20, 20, 210)) - base.step_time_s(StepShape(1, 10, 1, 10, 10, 55)) \
+        == pytest.approx(10 * (true["tokens"] + true["tokens_upto_32"]))     # below 32 rows, the steeper slope
+    assert base.step_time_s(StepShape(1, 60, 1, 60, 60, 1830)) - base.step_time_s(StepShape(1, 50, 1, 50, 50, 1275)) \
+        == pytest.approx(10 * true["tokens"])
+
+
 def test_draft_model_time_grows_with_draft_positions():
     cost = make_cost_model("H100-80GB", "qwen3-32b", "qwen3-0.6b", num_gpus=2)
     base = StepShape(32, 32, 32, 0, 32 * 600, 32 * 600)

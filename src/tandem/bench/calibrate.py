@@ -3,10 +3,11 @@
 Builds the real engine (default model and configuration unless told otherwise) and runs short
 workloads whose steps cover what the cost model needs: single prefill chunks of 8-1024 tokens,
 decode batches of 1-64 sequences at 64-1536 tokens of context, verification of 2-8 n-gram drafts
-per request, and a mixed batch. Every engine step is one sample: its shape (from the plan and
-the drafts actually verified) and its wall seconds around `LLMEngine.step()` (schedule + execute +
-update: what the simulator's virtual step stands for). The fit and the profile format live in
-tandem.sim.cost.calibrated. About a minute on two cores (`quick`: about half).
+per request, a mixed batch, and single prompts of 16-408 tokens again at the end. Every engine
+step is one sample: its shape (from the plan and the drafts actually verified) and its wall
+seconds around `LLMEngine.step()` (schedule + execute + update: what the simulator's virtual step
+stands for). The fit and the profile format live in tandem.sim.cost.calibrated. About a minute
+on two cores (`quick`: about 20 s on a 2-core AVX-512 VM).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tandem.types import StepPlan, StepResult
 
 Log = Callable[[str], None]
 PREFILL = (8, 32, 64, 128, 256, 512, 1024)
+PREFILL_LATE = (24, 48, 96, 160, 224, 320, 400)
 DECODE = ((1, 64), (2, 64), (4, 64), (8, 64), (16, 64), (32, 64), (64, 64), (1, 512), (8, 512), (32, 512),
           (4, 1536))
 VERIFY = ((1, 2), (1, 4), (1, 8), (8, 4), (8, 8), (32, 4))
@@ -137,33 +139,53 @@ def measure(session: _Session, runner: ModelRunner, quick: bool, log: Log) -> No
     mixed = [session.prompt(rng.randint(32, 400)) for _ in range(12 if quick else 24)]
     session.run(mixed, 24 if quick else 48, "mixed")
     log(f"  mixed done ({len(session.recorder.samples)} steps)")
+    # Single prompts again at the end, at lengths between the grid's: a machine's speed drifts
+    # over a calibration (prefills measured only at its start ran 12% faster than the same
+    # prefills a minute later), and serving prefills land anywhere in 16-512 tokens.
+    for _ in range(reps):
+        for t in [t for t in PREFILL_LATE if t < fits]:
+            session.run([session.prompt(t + rng.randint(-8, 8))], 2, f"prefill-late-{t}")
+    log(f"  late prefills done ({len(session.recorder.samples)} steps)")
 
 
-def speed_level(engine: LLMEngine, cost: Any, seed: int = 1) -> float:
-    """How fast `engine` runs now relative to the profile behind `cost` (a CalibratedCost): the
-    probe's measured seconds over the seconds the profile predicts for the same steps. The probe is
-    its own small workload shaped like light serving, where most time goes to prefills and to
-    decode steps of one or two requests: twice, a prompt of 100-300 tokens alone, then two of
-    32-300 at once, each decoding 12 tokens (a few seconds). A replay measured right after it can be
-    compared with the simulator at this level without fitting anything on that replay. Summed
-    seconds weigh each step by its time, as a replay's latencies do (a median over steps let the
-    short decode steps decide alone, and swung 0.8-1.3 between back-to-back probes)."""
+def speed_levels(engine: LLMEngine, cost: Any, seed: int = 1) -> tuple[float, float]:
+    """How fast `engine` runs now relative to the profile behind `cost` (a CalibratedCost), as two
+    levels: (steps that prefill, decode-only steps), each measured seconds over the seconds the
+    profile predicts for the same steps. The probe is its own small workload shaped like light
+    serving: three times, one, two and three prompts of lognormal lengths (median ~120 tokens,
+    16-415) at once, each decoding 12 tokens (about 10 prefill steps and 100 decode steps, 2-3 s).
+    A replay measured right after it can be compared with the simulator at these levels without
+    fitting anything on that replay.
+
+    Two levels because they drift apart: on a 2-core AVX-512 VM, one replay's prefills ran 14%
+    slower than the calibration and its decodes 3%. Each level is a mean of per-step ratios with
+    ratios above 1.5x their median clipped there: a single prefill step can take 2x its usual
+    time (a noisy neighbour), and with ~10 of them one such step moved a summed probe by 15%,
+    while the clip still counts part of what spikes add to a replay's means."""
     from tandem.sim.cost.calibrated import shape_from_sample
 
     if engine.has_unfinished_requests():
-        raise ValueError("speed_level needs an idle engine")
+        raise ValueError("speed_levels needs an idle engine")
     try:
         with StepRecorder(engine) as recorder:
             session = _Session(engine, recorder, random.Random(seed))
             rng = session.rng
             session.run([session.prompt(16)], 2, "warmup")
-            for _ in range(2):
-                session.run([session.prompt(rng.randint(100, 300))], 12, "probe-alone")
-                session.run([session.prompt(rng.randint(32, 300)) for _ in range(2)], 12, "probe-pair")
+            for _ in range(3):
+                for n in (1, 2, 3):
+                    prompts = [session.prompt(int(rng.lognormvariate(4.8, 0.6)) % 400 + 16) for _ in range(n)]
+                    session.run(prompts, 12, "probe")
     finally:
         engine.scheduler.reset_prefix_cache()
-    probe = [s for s in recorder.samples if s["phase"] != "warmup"]
-    return sum(s["seconds"] for s in probe) / sum(cost.step_time_s(shape_from_sample(s)) for s in probe)
+    probe = [s for s in recorder.samples if s["phase"] == "probe"]
+
+    def level(steps: list[dict[str, Any]]) -> float:
+        ratios = [s["seconds"] / cost.step_time_s(shape_from_sample(s)) for s in steps]
+        clip = 1.5 * statistics.median(ratios)
+        return statistics.fmean(min(r, clip) for r in ratios)
+
+    return (level([s for s in probe if s["num_prefill_tokens"] > 0]),
+            level([s for s in probe if s["num_prefill_tokens"] == 0]))
 
 
 def calibrate(model: str | None = None, quick: bool = False, log: Log = print,

@@ -28,6 +28,9 @@ FEATURES: dict[str, Callable[[StepShape], float]] = {
     "const": lambda s: 1.0,
     "tokens": lambda s: float(s.num_tokens),
     "tokens_over_64": lambda s: float(max(0, s.num_tokens - 64)),
+    # Steps of up to ~32 rows pay more per row (8-bit kernels at 1-16 rows, partly filled panels):
+    # without this term, prefills under 200 tokens ran 11-30% over the fit on a 2-core AVX-512 VM.
+    "tokens_upto_32": lambda s: float(min(s.num_tokens, 32)),
     "seqs": lambda s: float(s.num_seqs),
     "logit_rows": lambda s: float(s.num_logit_rows),
     "context_ktokens": lambda s: s.context_tokens / 1e3,
@@ -76,6 +79,10 @@ def fit(samples: list[dict[str, Any]], features: tuple[str, ...] = tuple(FEATURE
 class CalibratedCost:
     profile: dict[str, Any]
     name: str = "calibrated"
+    # The machine's speed now relative to the profile, for steps that prefill and for decode-only
+    # steps (tandem.bench.calibrate.speed_levels measures them); 1.0: the profile at face value.
+    prefill_level: float = 1.0
+    decode_level: float = 1.0
     _terms: list[tuple[Callable[[StepShape], float], float]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -92,7 +99,8 @@ class CalibratedCost:
     def step_time_s(self, shape: StepShape) -> float:
         if shape.num_seqs == 0:
             return 0.0
-        return sum(c * feat(shape) for feat, c in self._terms)
+        level = self.prefill_level if shape.num_prefill_tokens else self.decode_level
+        return level * sum(c * feat(shape) for feat, c in self._terms)
 
     def verify_time_s(self, shape: StepShape, first: bool) -> float:
         """A further frontier pass costs a whole step of its shape: on this CPU the fitted per-step
