@@ -120,6 +120,46 @@ def test_cost_model_learns_the_target_line_and_the_draft_pass_apart():
     assert ngram.draft_pass_s(4) == 0.0
 
 
+def test_a_verified_draft_is_priced_at_what_drafts_added_to_measured_steps():
+    """A CPU step costs 5 ms + 0.7 ms per token + 0.8 ms per sampled row. Near 64 decodes the steps
+    whose size varies are prefill chunks (one sampled row each), so the token line's slope there is
+    about a prefill token's 0.7 ms; a verified draft is a token and a sampled row, 1.5 ms, which is
+    what the steps that verified drafts measure. Priced as a prefill token, first drafts accepted
+    half the time look worth admitting at 64 decodes (a decode costs 1.6 ms per generated token
+    there: every request drafted once); priced as measured, they are not."""
+    def step(tokens: int, rows: int) -> float:
+        return 0.005 + 0.0007 * tokens + 0.0008 * rows
+
+    def learned(verify: bool) -> StepCostModel:
+        cost = StepCostModel()
+        for i in range(120):
+            cost.observe(64, step(64, 64))                        # plain decode steps
+            p = 8 + (i * 37) % 400                                # a prefill chunk beside 64 decodes
+            cost.observe(64 + p, step(64 + p, 65))
+            if verify and i % 4 == 0:
+                k = 8 + i % 40                                    # drafts verified beside 64 decodes
+                cost.observe(64 + k, step(64 + k, 64 + k), verified_drafts=k, decode_rows=64)
+        return cost
+
+    cost, unverified = learned(True), learned(False)
+    token_line = unverified.times(64, 5)
+    assert token_line[1] - token_line[0] < 0.0010                 # mostly the prefill token's price
+    assert unverified.draft_times(64, 64, 5) == token_line      # nothing measured: the token line
+    priced = cost.draft_times(64, 64, 5)
+    assert [b - a for a, b in zip(priced, priced[1:])] == pytest.approx([0.0015] * 4, rel=1e-6)
+
+    def choose(c: StepCostModel) -> int:
+        policy = AdaptiveLength(8, c)
+        rs = reqs(64)
+        for r in rs:
+            for _ in range(5):                                    # first drafts accepted half the time
+                teach(policy, r, 4, 0, times=1)
+                teach(policy, r, 4, 3, times=1)
+        return sum(policy.choose(rs, [8] * 64, num_base_tokens=64))
+
+    assert choose(unverified) > 0 and choose(cost) == 0
+
+
 def test_adaptive_drafts_shallower_when_each_position_costs_a_draft_pass():
     """Same acceptance, same per-token cost: a per-position cost (a draft model's forward) must cut
     the chosen depth, and a large one must switch speculation off."""

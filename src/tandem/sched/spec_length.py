@@ -8,7 +8,8 @@ Adaptive (FASER): request i with per-position acceptance estimates a_i(m) and dr
 expects E_i(k) = sum_{j<=k} prod_{m<=j} a_i(m) accepted tokens (+1 the target always adds). The
 policy picks k_i (0 allowed) to maximise  sum_i (1 + E_i(k_i)) / step_time(T + sum_i k_i), where T
 is the step's tokens without drafts and step_time comes from a cost model learned online from
-the engine's own steps. Adding one draft token to request i gains prod_{m<=k_i+1} a_i(m) tokens
+the engine's own steps, with each draft priced as one more decode row (`StepCostModel.draft_times`:
+a verified draft is a token and a sampled row, about twice a prefill token on a CPU). Adding one draft token to request i gains prod_{m<=k_i+1} a_i(m) tokens
 and costs step_time(T+1) - step_time(T); the gains of one request shrink with k, so for m draft
 tokens the m best-scored slots are the best choice, and the best m is found by scoring each.
 With a draft model each draft position also costs one proposer pass (the deepest draft sets the
@@ -119,8 +120,10 @@ def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
     adds to the step (its proposer's catch-up, amortized).
     """
     slots = _ranked_slots(est, limits)
-    times = cost.times(num_base_tokens, len(slots) + 1)     # times[m]: the step with m drafts
     n = len(est)
+    # times[m]: the step with m drafts; with `depth_aware`, each draft priced as a decode row
+    times = (cost.draft_times(num_base_tokens, n, len(slots) + 1) if depth_aware
+             else cost.times(num_base_tokens, len(slots) + 1))
     c = cost.draft_pass_s(sum(1 for lim in limits if lim > 0)) if depth_aware else 0.0
     start = start_s or [0.0] * n
     if c <= 0.0:
@@ -308,7 +311,8 @@ class AdaptiveLength:
         gain = _gain(est, ks)
         depth = self.cost.draft_pass_s(sum(1 for k in ks if k)) * max(ks, default=0)
         fixed = depth + sum(f for f, k in zip(start, ks) if k)
-        return (len(est) + gain) / max(1e-9, self.cost.time(base + sum(ks)) + fixed)
+        step = self.cost.draft_times(base, len(est), sum(ks) + 1)[-1]
+        return (len(est) + gain) / max(1e-9, step + fixed)
 
     def observe_request(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         self.acceptance.observe(request.request_id, num_drafted, num_accepted)
