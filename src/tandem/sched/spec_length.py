@@ -8,9 +8,10 @@ Adaptive (FASER): request i with per-position acceptance estimates a_i(m) and dr
 expects E_i(k) = sum_{j<=k} prod_{m<=j} a_i(m) accepted tokens (+1 the target always adds). The
 policy picks k_i (0 allowed) to maximise  sum_i (1 + E_i(k_i)) / step_time(T + sum_i k_i), where T
 is the step's tokens without drafts and step_time comes from a cost model learned online from
-the engine's own steps, with each draft priced as one more decode row (`StepCostModel.draft_times`:
-a verified draft is a token and a sampled row, about twice a prefill token on a CPU). Adding one draft token to request i gains prod_{m<=k_i+1} a_i(m) tokens
-and costs step_time(T+1) - step_time(T); the gains of one request shrink with k, so for m draft
+the engine's own steps, each draft priced at what drafts added to measured steps of about as
+many decodes (`StepCostModel.draft_times`: a verified draft is a token and a sampled row, about
+twice a prefill token on a CPU). Adding one draft token to request i gains prod_{m<=k_i+1} a_i(m)
+tokens and costs step_time(T+1) - step_time(T); the gains of one request shrink with k, so for m draft
 tokens the m best-scored slots are the best choice, and the best m is found by scoring each.
 With a draft model each draft position also costs one proposer pass (the deepest draft sets the
 number of passes). A dead band keeps last step's lengths unless the new choice is clearly better
@@ -121,7 +122,7 @@ def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
     """
     slots = _ranked_slots(est, limits)
     n = len(est)
-    # times[m]: the step with m drafts; with `depth_aware`, each draft priced as a decode row
+    # times[m]: the step with m drafts; with `depth_aware`, each draft at its measured price
     times = (cost.draft_times(num_base_tokens, n, len(slots) + 1) if depth_aware
              else cost.times(num_base_tokens, len(slots) + 1))
     c = cost.draft_pass_s(sum(1 for lim in limits if lim > 0)) if depth_aware else 0.0
