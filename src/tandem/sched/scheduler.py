@@ -364,7 +364,7 @@ class Scheduler:
         if self._step_started is None or plan.frontier_size:
             return      # (a step verified in frontiers took extra passes its token count does not show)
         unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
-        verified = sum(result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs if s.num_draft_tokens)
+        verified = sum(result.num_draft_tokens.values())
         decodes = sum(1 for s in plan.seqs if s.num_tokens == 1 and s.sample)
         self.cost.observe(plan.num_tokens - unused, now - self._step_started, result.draft_s,
                           result.draft_pass_s, len(result.num_draft_tokens),
