@@ -3,7 +3,9 @@
 - a swapped request needs only its own blocks free to come back (the check counted them twice,
   so a request could never return once the cache was more than half full);
 - when nothing runs and the head of the queue does not fit, KV kept by other waiting (resumed
-  after preserve) or paused requests is freed for recompute, instead of waiting forever.
+  after preserve) or paused requests is freed for recompute, instead of waiting forever;
+- with AugServe's policies, also while others run, if that makes the head fit;
+- AugServe's anti-starvation admits past-`max_wait_s` requests up to a share of the running batch.
 """
 
 from __future__ import annotations
@@ -170,3 +172,79 @@ def test_the_scheduler_counts_the_context_tokens_still_to_prefill():
     run_step(sched)                                  # 8 of a's 20 prompt tokens computed
     sched.add_request(req("b", 6))
     assert sched.pending_prefill_tokens() == (20 - 8 - 1) + 6
+
+
+def kept_behind_a_runner(reclaim: bool, head_tokens: int) -> tuple[Scheduler, Request, object]:
+    """12 blocks: `held` (7 blocks) came back from a preserved pause and waits with its KV kept,
+    `runner` runs (3 blocks once it decodes), and `head`, ranked first, asks for `head_tokens`."""
+    sched = make(num_blocks=12, action=KVAction.PRESERVE)
+    sched.policy.reclaim_kept_kv = reclaim
+    held = req("held", 28)
+    sched.add_request(held)
+    run_step(sched)
+    assert sched.pause_request("held", 0.0, 5.0) is KVAction.PRESERVE
+    sched.add_request(req("runner", 8, arrival=0.2))
+    run_step(sched, 0.2)
+    sched.resume_request("held", [9] * 3, 0.5)
+    sched.add_request(req("head", head_tokens, arrival=-1.0))
+    assert sched.waiting[0].request_id == "head" and sched.kv.num_blocks_of("held") == 7
+    return sched, held, run_step(sched, 1.0)
+
+
+def test_a_policy_that_reclaims_kept_kv_frees_it_for_the_head_while_others_run():
+    """AugServe ranks a request that kept its KV by what it has left to do, often below newer
+    ones; that KV then blocked the head while a few requests ran (at 2x capacity on the H100
+    preset: 94% of the KV kept by waiting requests). Its policies free it for the head; FCFS
+    policies (InferCept) wait for the running requests instead, as before."""
+    from tandem.sched.cost_model import StepCostModel
+    from tandem.sched.policies import make_policy
+
+    sched, held, plan = kept_behind_a_runner(reclaim=True, head_tokens=24)   # 6 blocks, 2 free
+    assert {s.request_id for s in plan.seqs} == {"runner", "head"}
+    assert held.num_computed_tokens == 0 and sched.kv.num_blocks_of("held") == 0
+    while sched.has_unfinished():
+        run_step(sched, 2.0)
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
+
+    sched, held, plan = kept_behind_a_runner(reclaim=False, head_tokens=24)
+    assert [s.request_id for s in plan.seqs] == ["runner"] and sched.kv.num_blocks_of("held") == 7
+
+    # Freeing all of held's 7 blocks would not fit an 11-block head: they stay.
+    sched, held, plan = kept_behind_a_runner(reclaim=True, head_tokens=44)
+    assert [s.request_id for s in plan.seqs] == ["runner"] and sched.kv.num_blocks_of("held") == 7
+
+    cost = StepCostModel()
+    assert not make_policy("infercept", 64, cost).reclaim_kept_kv
+    assert not make_policy("fcfs-discard", 64, cost).reclaim_kept_kv
+    assert all(make_policy(p, 64, cost).reclaim_kept_kv for p in ("augserve-stage1", "augserve-stage2", "augserve"))
+
+
+def test_starving_requests_hold_at_most_their_share_of_the_batch():
+    """Past max_wait_s a request goes first, but requests admitted that way hold at most
+    `starving_share` of the running batch (at least one): under deep overload nearly everyone
+    has waited that long, and serving them all first is FCFS, every request late."""
+    from tandem.sched.cost_model import StepCostModel
+    from tandem.sched.policies import make_policy
+
+    def admitted(share: float) -> list[list[str]]:
+        cfg = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256, watermark=0.0)
+        policy = make_policy("augserve-stage2", 64, StepCostModel())
+        policy.ordering.starving_share = share
+        sched = Scheduler(cfg, KVCacheManager(64, BS, enable_prefix_caching=False), policy=policy)
+        for i in range(3):
+            sched.add_request(req(f"run{i}", 8, arrival=100.0))
+        run_step(sched, 100.0)
+        for i in range(3):
+            sched.add_request(req(f"late{i}", 8, arrival=0.0))       # waited 100 s > max_wait_s
+        for i in range(2):
+            sched.add_request(req(f"new{i}", 8, arrival=99.5))
+        steps = []
+        for _ in range(2):
+            plan = run_step(sched, 100.0)
+            steps.append(sorted(s.request_id for s in plan.seqs if s.start == 0))
+        return steps
+
+    # 3 running: one starving admission (the longest wait), the new requests too; then 6 running,
+    # the one starving admission is still a quarter of them.
+    assert admitted(0.25) == [["late0", "new0", "new1"], []]
+    assert admitted(1.0) == [["late0", "late1", "late2", "new0", "new1"], []]

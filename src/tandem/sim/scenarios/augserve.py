@@ -6,7 +6,7 @@ Per deployment: the SLO is TTFT <= 2 s and normalized latency (E2E minus tool ti
 token) <= 5 x the deployment's unloaded decode step; the capacity is the largest Poisson rate at
 which fcfs-discard (the vLLM baseline) keeps >= 90% of requests within the SLO (doubling, then two
 geometric bisections, on the same number of requests as the runs); then every policy runs at
-light (0.5x), near (1x) and overloaded (1.5x and 2x) capacity. Reported: effective throughput
+light (0.5x), near (1x) and overloaded (1.5x, 2x and 3x) capacity. Reported: effective throughput
 (requests within the SLO per second of arrivals), SLO attainment, TTFT p50/p99, and augserve's
 ratios to fcfs-discard and infercept.
 
@@ -29,7 +29,7 @@ from tandem.sim.workload import WorkloadSpec
 POLICIES = ("fcfs-discard", "infercept", "augserve-stage1", "augserve-stage2", "augserve")
 DEPLOYMENTS = (("llama3-8b", "A100-80GB"), ("llama3-8b", "H100-80GB"), ("llama2-13b", "A100-80GB"),
                ("llama2-13b", "H100-80GB"))
-LOADS = (("light", 0.5), ("near", 1.0), ("over", 1.5), ("over2", 2.0))
+LOADS = (("light", 0.5), ("near", 1.0), ("over", 1.5), ("over2", 2.0), ("over3", 3.0))
 
 
 @dataclass
