@@ -341,3 +341,37 @@ def test_truncate_rollback_does_not_serve_rolled_back_tokens():
     r.token_ids += [80, 81]                         # accepted continuation fills block 1 differently
     kv.allocate(r, 2)
     assert kv.get_computed_blocks(req("probe2", [1, 2, 3, 4, 5, 6, 80, 81, 0]))[1] == 2 * BS
+
+
+def test_a_reused_block_counts_as_recent_again():
+    """A shared prefix that requests keep reusing stays in the digest a router sees, however many
+    blocks were published since."""
+    kv = KVCacheManager(16, BS)
+    a, b = req("a", range(10, 18)), req("b", range(40, 52))        # 2 and 3 full blocks
+    admit(kv, a)
+    admit(kv, b)
+    assert kv.recent_block_hashes(2) == [blk.block_hash for blk in reversed(blocks(kv, "b")[1:])]
+    kv.free(a)
+    again = req("a2", list(range(10, 18)) + [1])                   # a's 2 blocks from the cache
+    admit(kv, again)
+    assert kv.recent_block_hashes(2) == [blk.block_hash for blk in blocks(kv, "a2")[:2]][::-1]
+
+
+def test_the_simulators_digest_is_the_one_a_ray_replica_reports():
+    """sim/cluster.py's DigestPool keeps its digest incrementally; the Ray replica builds it from
+    the KV manager's recent hashes. Through publishing, reuse and eviction they stay equal."""
+    from tandem.router import digest_of
+    from tandem.sim.cluster import DigestPool
+
+    size = 4
+    plain = KVCacheManager(12, BS)
+    sim = KVCacheManager(12, BS, pool=DigestPool(12, size))
+    for step, tokens in enumerate([range(10, 22), range(40, 48), range(10, 19), range(60, 84), range(40, 50),
+                                   range(90, 130), range(10, 22)]):
+        for kv in (plain, sim):
+            r = req(f"r{step}", list(tokens))
+            admit(kv, r)
+            kv.free(r)
+        assert sim.pool.digest() == digest_of(plain.recent_block_hashes(2 * size), size), step
+        assert sim.pool.digest() == digest_of(sim.recent_block_hashes(2 * size), size), step
+    assert plain.pool.num_evictions > 0                            # evictions were part of it

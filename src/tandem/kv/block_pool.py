@@ -56,11 +56,17 @@ class BlockPool:
         return self._cached.get(block_hash)
 
     def touch(self, blocks: list[Block]) -> None:
-        """Add a reference to cached blocks (taking them off the free queue if unreferenced)."""
+        """Add a reference to cached blocks (taking them off the free queue if unreferenced); a
+        reused block counts as recently cached again (`recent_hashes`)."""
+        cached = self._cached
         for block in blocks:
             if block.ref_cnt == 0:
                 del self._free[block.block_id]
             block.ref_cnt += 1
+            h = block.block_hash
+            if h is not None and cached.get(h) is block:
+                del cached[h]
+                cached[h] = block               # to the end: most recent
 
     def free(self, blocks: list[Block]) -> None:
         """Drop one reference from each block; pass them in eviction order (first evicted first)."""
@@ -81,7 +87,7 @@ class BlockPool:
         self._cached[block_hash] = block
 
     def recent_hashes(self, n: int) -> list[BlockHash]:
-        """The hashes of the `n` most recently cached blocks, most recent first."""
+        """The hashes of the `n` most recently cached or reused blocks, most recent first."""
         cached = self._cached                     # insertion order: oldest first
         return list(itertools.islice(reversed(cached), n))
 

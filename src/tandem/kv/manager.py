@@ -172,8 +172,8 @@ class KVCacheManager:
         self.pool.reset_prefix_cache()
 
     def recent_block_hashes(self, n: int) -> list[BlockHash]:
-        """Hashes of the `n` blocks most recently published to the prefix cache, most recent
-        first (none without prefix caching): what a router's prefix digest is made of."""
+        """Hashes of the `n` blocks most recently published to the prefix cache or reused from it,
+        most recent first (none without prefix caching): what a router's prefix digest is made of."""
         return self.pool.recent_hashes(n) if self.enable_prefix_caching else []
 
     # --- swapping (tool pauses) ----------------------------------------------------------

@@ -9,20 +9,24 @@ the session's next request (a tool follow-up or the next chat turn) is scheduled
 with the whole context as its prompt, so its leading blocks are cached on the replica that served
 it, and only there.
 
-ReplicaStats from a replica's scheduler: waiting_tokens = tokens still to prefill (queued requests
-and unfinished prefills), running/waiting requests, KV usage, KV blocks held on the device by
-paused requests (x block size), and the prefix digest: the DIGEST_SIZE most recently published or
-reused cached block hashes (`DigestPool` mirrors the pool's cache). Stats are exact at arrival time
+ReplicaStats from a replica's scheduler, by the function the Ray replica reports with
+(`tandem.cluster.stats.scheduler_routing_stats`): waiting_tokens = tokens still to prefill (queued
+requests and unfinished prefills), running/waiting requests, KV usage, KV that paused requests
+hold (x block size), the mean draft length since the last report, and the prefix digest: the
+DIGEST_SIZE most recently published or reused cached block hashes (`DigestPool` keeps that set
+incrementally, as the KV manager's `recent_block_hashes` orders them). Stats are exact at arrival time
 (a real router sees them a little late; see docs/simulator.md). No torch, no clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.cluster.stats import scheduler_routing_stats
 from tandem.kv.block_pool import Block, BlockPool
 from tandem.kv.hashing import BlockHash, hash_full_blocks
 from tandem.router import DIGEST_SIZE, ReplicaStats, RouteRequest, Router, hash_ints
@@ -40,7 +44,9 @@ from tandem.workload.augmented import AugmentedRequest, Segment
 
 
 class DigestPool(BlockPool):
-    """A BlockPool that keeps its most recently published or reused hashes (as ints) for a digest."""
+    """A BlockPool that keeps the ints of its cached hashes in recency order (published or reused,
+    as `recent_hashes` orders them), so that its digest, the `size` most recent, is the one the
+    Ray replica builds from `recent_hashes` (`digest_of`), without a pass over hashes per report."""
 
     def __init__(self, num_blocks: int, size: int = DIGEST_SIZE) -> None:
         super().__init__(num_blocks)
@@ -55,9 +61,7 @@ class DigestPool(BlockPool):
         if key in recent:
             recent.move_to_end(key)
         else:
-            recent[key] = None
-            if len(recent) > self.size:
-                recent.popitem(last=False)
+            recent[key] = None                  # at most one per cached block: no cap needed
         self._version += 1
 
     def cache(self, block: Block, block_hash: BlockHash) -> None:
@@ -80,7 +84,7 @@ class DigestPool(BlockPool):
 
     def digest(self) -> frozenset[int]:
         if self._digest[0] != self._version:
-            self._digest = (self._version, frozenset(self._recent))
+            self._digest = (self._version, frozenset(itertools.islice(reversed(self._recent), self.size)))
         return self._digest[1]
 
 
@@ -101,6 +105,7 @@ class ReplicaEngine(SimEngine):
         self.cluster = cluster
         self._prompts: dict[str, tuple[list[int], list[BlockHash]]] = {}
         self.num_admitted = 0
+        self._spec_last: tuple[int, int] | None = None    # speculation counters at the last report
 
     def submit(self, spec: SimRequest, token_ids: list[int], hashes: list[BlockHash], now: float) -> None:
         self._prompts[spec.request_id] = (token_ids, hashes)
@@ -122,14 +127,12 @@ class ReplicaEngine(SimEngine):
         self.cluster.on_finished(self, request.request_id, request, now)
 
     def stats(self) -> ReplicaStats:
-        s = self.scheduler
-        todo = sum(r.num_tokens - r.num_computed_tokens for r in s.waiting)
-        todo += sum(r.num_prompt_tokens - r.num_computed_tokens for r in s.running
-                    if r.num_computed_tokens < r.num_prompt_tokens)
-        kv = s.kv
-        paused = sum(kv.num_blocks_of(rid) for rid in s.pauses.paused) * kv.block_size
-        return ReplicaStats(self.replica_id, todo, len(s.running), kv.usage, paused, 0.0, kv.pool.digest(),
-                            s.config.max_num_seqs, len(s.waiting))
+        """What the Ray replica reports (tandem.cluster.stats), read from this replica's scheduler;
+        the digest is the DigestPool's, the same set kept incrementally."""
+        fields = scheduler_routing_stats(self.scheduler, self.replica_id, self._spec_last,
+                                         digest=self.scheduler.kv.pool.digest())
+        self._spec_last = fields.pop("_spec")
+        return ReplicaStats(**fields)
 
 
 @dataclass
