@@ -81,18 +81,42 @@ class PauseBook:
         r.last_resumed = now
         r.status = RequestStatus.WAITING
 
-    def discard_preserved(self, exclude: Request | None = None) -> bool:
-        """Free the KV of one preserved paused request (the longest expected pause left): cheaper
-        than preempting a running request. Returns False if none holds KV."""
-        held = [r for r in self.paused.values() if r.pause.num_held_blocks and r is not exclude]
+    def release_preserved(self) -> bool:
+        """Move out the KV of one preserved paused request (the longest expected pause left):
+        cheaper than preempting a running request. Returns False if none holds KV."""
+        held = [r for r in self.paused.values() if r.pause.num_held_blocks]
         if not held:
             return False
         victim = max(held, key=lambda r: r.pause.expected_s)
-        self.kv.free(victim)
-        victim.num_computed_tokens = 0
-        victim.pause.action, victim.pause.num_held_blocks = KVAction.DISCARD, 0
-        self.mark_released(victim)
+        victim.pause.action, victim.pause.num_held_blocks = self.evict(victim), 0
         return True
+
+    def evict_waiting(self, waiting: list[Request], exclude: Request | None = None) -> bool:
+        """Move out the device KV of the lowest-ranked waiting request that holds some (one that
+        came back from a tool call with its KV kept); False if none does."""
+        for r in reversed(waiting):
+            if r is not exclude and self.kv.num_blocks_of(r.request_id):
+                self.evict(r)
+                return True
+        return False
+
+    def evict(self, r: Request) -> KVAction:
+        """Free r's device KV, which it kept through a tool call: swap it to host memory if there
+        is room within this step's swap budget (the copies join the plan being built, before its
+        compute), else discard it (recomputed when r runs). Swapping keeps the work: at a 0.05 GB
+        cache on the engine, discarding what AugServe reclaimed cost more recompute than the
+        memory it freed was worth."""
+        nblocks = self.kv.num_blocks_of(r.request_id)
+        if self.kv.can_swap_out(r) and self._swapped_this_step + nblocks <= self.swap_budget_blocks:
+            self.pending_swap_out.extend(self.kv.swap_out(r))
+            self._swapped_this_step += nblocks
+            action = KVAction.SWAP
+        else:
+            self.kv.free(r)
+            r.num_computed_tokens = 0
+            action = KVAction.DISCARD
+        self.mark_released(r)
+        return action
 
     def mark_released(self, r: Request) -> None:
         """r's device KV is gone or will move blocks (here or in the scheduler): so is whatever a

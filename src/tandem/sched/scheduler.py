@@ -223,6 +223,7 @@ class Scheduler:
         budget -= drafted
         if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
             self._schedule_waiting(plan, budget, now)
+        plan.swap_out.extend(self.pauses.take_swap_outs())   # kept KV moved out to make room
         plan.released_ids = self.pauses.take_released()
         self.kv.end_step()
         self.pauses.end_step()
@@ -244,8 +245,8 @@ class Scheduler:
                 continue
             while not self.kv.try_allocate(request, num_new):
                 # Cheapest first: KV a paused request keeps, then KV a waiting request kept
-                # across its pause (both recomputed later), then a running request's.
-                if self.pauses.discard_preserved() or self._free_waiting_kv():
+                # across its pause (swapped out if there is room, else recomputed later), then a running request's.
+                if self.pauses.release_preserved() or self.pauses.evict_waiting(self.waiting):
                     continue
                 victim = choose_victim(self.running[i:], self.ordering, now)
                 self._preempt(victim, plan)
@@ -308,22 +309,11 @@ class Scheduler:
         (at 2x capacity on the H100 preset: 94% of the KV kept by waiting requests, ~3 running,
         the run 3.4x longer)."""
         if not self.running:
-            return self.pauses.discard_preserved() or self._free_waiting_kv(exclude=head)
+            return self.pauses.release_preserved() or self.pauses.evict_waiting(self.waiting, exclude=head)
         if not self.policy.reclaim_kept_kv:
             return False
         kept = sum(self.kv.num_blocks_of(r.request_id) for r in self.waiting if r is not head)
-        return kept >= deficit and self._free_waiting_kv(exclude=head)
-
-    def _free_waiting_kv(self, exclude: Request | None = None) -> bool:
-        """Free the device KV of the lowest-ranked waiting request that holds some (one that came
-        back from a tool call with its KV kept); False if none does."""
-        for r in reversed(self.waiting):
-            if r is not exclude and self.kv.num_blocks_of(r.request_id):
-                self.kv.free(r)
-                r.num_computed_tokens = 0
-                self.pauses.mark_released(r)
-                return True
-        return False
+        return kept >= deficit and self.pauses.evict_waiting(self.waiting, exclude=head)
 
     def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens
