@@ -295,6 +295,7 @@ class SchedulerStats:
     spec_num_drafts: int                # verification rounds with >= 1 draft token
     spec_num_draft_tokens: int
     spec_num_accepted_tokens: int
+    num_discarded_kept: int = 0         # KV that waiting or paused requests kept, freed to make room
 
 
 @dataclass

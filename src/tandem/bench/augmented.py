@@ -116,7 +116,8 @@ def _summary(policy: str, records: list[dict], duration: float, stats: Scheduler
             "slo_attainment": sum(r["slo_met"] for r in records) / max(1, len(records)),
             "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
             "norm_latency_p50_s": percentile(norm, 50), "norm_latency_p99_s": percentile(norm, 99),
-            "kv_actions": stats.kv_actions, "preemptions": stats.num_preemptions - preempt0,
+            "kv_actions": stats.kv_actions, "kept_kv_discarded": stats.num_discarded_kept,
+            "preemptions": stats.num_preemptions - preempt0,
             "predictor_kendall_tau": tau, "records": records}
 
 
@@ -138,7 +139,7 @@ def bench_augmented(llm, policies: list[str], rates: list[float], num_requests: 
                 results[str(rate)][p].append(res)
                 log(f"[{rep + 1}/{repeats}] rate {rate:<5} {p:<16} eff {res['effective_throughput_rps']:.3f} req/s "
                     f"(SLO {res['slo_attainment']:.0%}), TTFT p50 {res['ttft_p50_s']:.2f}s p99 {res['ttft_p99_s']:.2f}s, "
-                    f"{res['kv_actions']}")
+                    f"pauses {res['kv_actions']}, kept KV discarded {res['kept_kv_discarded']}")
     data = {"bench": "augmented", "machine": machine_info(), "policies": policies, "rates": rates,
             "num_requests": num_requests, "token_scale": token_scale, "time_scale": time_scale,
             "slo": {"ttft_s": slo[0], "norm_latency_s_per_token": slo[1]},

@@ -4,7 +4,8 @@ The scheduler delegates here. On `pause`, the KV policy chooses preserve / swap 
 request (swap within a per-step block budget and free host space); swap-outs are queued for the
 next plan (the executor copies before it computes). On `resume`, the tool result's tokens join
 the request's context as tokens to compute (not output) and the request rejoins the waiting
-queue; a swapped request is swapped back in when admitted.
+queue; a swapped request is swapped back in when admitted. When the scheduler needs blocks that
+a paused or waiting request kept, `evict` frees them (recomputed when the request runs).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class PauseBook:
         self.released: list[str] = []       # requests whose device KV was freed or moved (for the plan)
         self._swapped_this_step = 0
         self.num_actions = {a: 0 for a in KVAction}
+        self.num_discarded_kept = 0         # kept KV taken back (waiting or paused requests)
 
     @property
     def num_held_blocks(self) -> int:
@@ -81,18 +83,19 @@ class PauseBook:
         r.last_resumed = now
         r.status = RequestStatus.WAITING
 
-    def release_preserved(self) -> bool:
-        """Move out the KV of one preserved paused request (the longest expected pause left):
+    def discard_preserved(self) -> bool:
+        """Free the KV of one preserved paused request (the longest expected pause left):
         cheaper than preempting a running request. Returns False if none holds KV."""
         held = [r for r in self.paused.values() if r.pause.num_held_blocks]
         if not held:
             return False
         victim = max(held, key=lambda r: r.pause.expected_s)
-        victim.pause.action, victim.pause.num_held_blocks = self.evict(victim), 0
+        self.evict(victim)
+        victim.pause.action, victim.pause.num_held_blocks = KVAction.DISCARD, 0
         return True
 
     def evict_waiting(self, waiting: list[Request], exclude: Request | None = None) -> bool:
-        """Move out the device KV of the lowest-ranked waiting request that holds some (one that
+        """Free the device KV of the lowest-ranked waiting request that holds some (one that
         came back from a tool call with its KV kept); False if none does."""
         for r in reversed(waiting):
             if r is not exclude and self.kv.num_blocks_of(r.request_id):
@@ -100,23 +103,15 @@ class PauseBook:
                 return True
         return False
 
-    def evict(self, r: Request) -> KVAction:
-        """Free r's device KV, which it kept through a tool call: swap it to host memory if there
-        is room within this step's swap budget (the copies join the plan being built, before its
-        compute), else discard it (recomputed when r runs). Swapping keeps the work: at a 0.05 GB
-        cache on the engine, discarding what AugServe reclaimed cost more recompute than the
-        memory it freed was worth."""
-        nblocks = self.kv.num_blocks_of(r.request_id)
-        if self.kv.can_swap_out(r) and self._swapped_this_step + nblocks <= self.swap_budget_blocks:
-            self.pending_swap_out.extend(self.kv.swap_out(r))
-            self._swapped_this_step += nblocks
-            action = KVAction.SWAP
-        else:
-            self.kv.free(r)
-            r.num_computed_tokens = 0
-            action = KVAction.DISCARD
+    def evict(self, r: Request) -> None:
+        """Free r's device KV, which it kept through a tool call: it is recomputed when r runs.
+        Swapping it out instead (priced lower by InferCept's terms) cost AugServe 2-10% of its
+        effective throughput at every overloaded point of the simulator's scenario (2026-12-03,
+        docs/simulator.md), though it gained 5-13% in two single runs on the CPU engine."""
+        self.kv.free(r)
+        r.num_computed_tokens = 0
+        self.num_discarded_kept += 1
         self.mark_released(r)
-        return action
 
     def mark_released(self, r: Request) -> None:
         """r's device KV is gone or will move blocks (here or in the scheduler): so is whatever a

@@ -149,6 +149,7 @@ class Scheduler:
             num_running=len(self.running), num_waiting=len(self.waiting), num_paused=self.pauses.num_paused,
             num_paused_kv_tokens=self.pauses.num_held_blocks * kv.block_size,
             kv_actions={a.value: n for a, n in self.pauses.num_actions.items()},
+            num_discarded_kept=self.pauses.num_discarded_kept,
             num_preemptions=self.num_preemptions, num_steps=self.num_steps, kv_usage=kv.usage,
             num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
             prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens,
@@ -223,7 +224,6 @@ class Scheduler:
         budget -= drafted
         if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
             self._schedule_waiting(plan, budget, now)
-        plan.swap_out.extend(self.pauses.take_swap_outs())   # kept KV moved out to make room
         plan.released_ids = self.pauses.take_released()
         self.kv.end_step()
         self.pauses.end_step()
@@ -245,8 +245,8 @@ class Scheduler:
                 continue
             while not self.kv.try_allocate(request, num_new):
                 # Cheapest first: KV a paused request keeps, then KV a waiting request kept
-                # across its pause (swapped out if there is room, else recomputed later), then a running request's.
-                if self.pauses.release_preserved() or self.pauses.evict_waiting(self.waiting):
+                # across its pause (both recomputed later), then a running request's.
+                if self.pauses.discard_preserved() or self.pauses.evict_waiting(self.waiting):
                     continue
                 victim = choose_victim(self.running[i:], self.ordering, now)
                 self._preempt(victim, plan)
@@ -309,7 +309,7 @@ class Scheduler:
         (at 2x capacity on the H100 preset: 94% of the KV kept by waiting requests, ~3 running,
         the run 3.4x longer)."""
         if not self.running:
-            return self.pauses.release_preserved() or self.pauses.evict_waiting(self.waiting, exclude=head)
+            return self.pauses.discard_preserved() or self.pauses.evict_waiting(self.waiting, exclude=head)
         if not self.policy.reclaim_kept_kv:
             return False
         kept = sum(self.kv.num_blocks_of(r.request_id) for r in self.waiting if r is not head)
