@@ -69,6 +69,7 @@ class EngineStats:
     tool_num_errors: int = 0
     num_paused_kv_tokens: int = 0          # device KV (tokens of whole blocks) held by tool-paused requests
     kv_actions: dict[str, int] = field(default_factory=dict)   # tool pauses by KV action
+    num_discarded_kept: int = 0            # KV that waiting or paused requests kept, freed to make room
 
 
 @dataclass(frozen=True)
