@@ -107,7 +107,7 @@ class PauseBook:
         """Free r's device KV, which it kept through a tool call: it is recomputed when r runs.
         Swapping it out instead (priced lower by InferCept's terms) cost AugServe 2-10% of its
         effective throughput at every overloaded point of the simulator's scenario (2026-12-03,
-        docs/simulator.md), though it gained 5-13% in two single runs on the CPU engine."""
+        docs/simulator.md), though it gained 5-13% in single runs on three traces on the CPU engine."""
         self.kv.free(r)
         r.num_computed_tokens = 0
         self.num_discarded_kept += 1

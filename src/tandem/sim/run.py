@@ -57,8 +57,9 @@ def simulate(cost: CostModel, cfg: SimConfig, requests: list[SimRequest], slo: S
     wall = time.perf_counter()
     records = engine.run(requests)
     wall = time.perf_counter() - wall
+    stats = scheduler.stats()
     counters = {"steps": engine.num_steps, "preemptions": scheduler.num_preemptions,
-                "kv_actions": scheduler.stats().kv_actions, "kept_kv_discarded": scheduler.stats().num_discarded_kept,
+                "kv_actions": stats.kv_actions, "kept_kv_discarded": stats.num_discarded_kept,
                 "busy_s": executor.busy_s, "virtual_end_s": engine.loop.now}
     speed = {"events": engine.loop.num_events, "wall_s": wall,
              "events_per_s": engine.loop.num_events / max(wall, 1e-9)}
