@@ -99,6 +99,46 @@ def test_paged_attention_reads_strided_query_rows(ops):
                        ops.paged_attention(q.contiguous(), kc, vc, table, seq, pos, bs, 0.125))
 
 
+decode_bf16 = pytest.mark.skipif(module is None or not module.decode_bf16_available(),
+                                 reason="no AVX512-BF16 on this CPU: bfloat16 decode attention widens to float32")
+
+
+@decode_bf16
+@pytest.mark.parametrize("heads, kv, d, bs", [
+    (9, 3, 64, 16),     # the default model: 3 heads per group
+    (8, 2, 64, 32),     # 4 per group: one full value pass
+    (14, 2, 64, 16),    # 7 per group: value passes of 4 and 3
+    (16, 2, 128, 16),   # 8 per group, two 64-dimension value chunks
+    (4, 4, 128, 32),    # no GQA
+])
+def test_paged_attention_bf16_kernel_matches_a_float64_reference(ops, heads, kv, d, bs):
+    """The VDPBF16PS decode path: contexts of one key, odd lengths (a half key pair at the end), block
+    boundaries and long contexts over scattered blocks, against float64 softmax attention over the same
+    stored values. The kernel rounds probabilities to bfloat16 for the value product (as the prefill
+    kernel does) and the output to bfloat16: a few bfloat16 steps of the output's scale."""
+    torch.manual_seed(heads * d + bs)
+    nblocks = 1200 // bs + 8
+    kc = torch.randn(kv, nblocks * bs, d, dtype=torch.bfloat16)
+    vc = torch.randn(kv, nblocks * bs, d, dtype=torch.bfloat16)
+    table = torch.stack([torch.randperm(nblocks)[:nblocks - 4] for _ in range(2)]).to(torch.int32)
+    pos = torch.tensor([0, 1, 2, bs - 1, bs, 2 * bs + 6, 333, 1100, 40], dtype=torch.int32)
+    seq = torch.tensor([0, 0, 1, 1, 0, 1, 0, 1, 0], dtype=torch.int32)
+    qkv = torch.randn(len(pos), heads + 2 * kv, d, dtype=torch.bfloat16) * 2    # q: strided rows
+    q = qkv[:, :heads]
+    got = ops.paged_attention(q, kc, vc, table, seq, pos, bs, d ** -0.5)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, ops.paged_attention(q.contiguous(), kc, vc, table, seq, pos, bs, d ** -0.5))
+    k64, v64, q64 = kc.double(), vc.double(), q.double()
+    for i in range(len(pos)):
+        t = int(pos[i]) + 1
+        slots = torch.cat([torch.arange(int(b) * bs, int(b) * bs + bs) for b in table[int(seq[i])]])[:t]
+        k = k64[:, slots].repeat_interleave(heads // kv, 0)                # [H, T, D]
+        v = v64[:, slots].repeat_interleave(heads // kv, 0)
+        p = torch.softmax((k @ q64[i].unsqueeze(-1)).squeeze(-1) * d ** -0.5, -1)   # [H, T]
+        ref = (p.unsqueeze(1) @ v).squeeze(1)                               # [H, D]
+        torch.testing.assert_close(got[i].view(heads, d).double(), ref, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("src, cache", [(torch.float32, torch.float32), (torch.float32, torch.float16),
                                         (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16)])
 def test_kv_write_equals_index_copy_into_the_cache(ops, src, cache):
