@@ -19,6 +19,18 @@ CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello ta
 VOCAB = 320
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _sixteen_token_kv_blocks():
+    """Engines built here without a block size get 16-token blocks, not the CPU default of 128: the
+    tiny models' short prompts then span several blocks, so paging, prefix reuse, eviction and
+    swapping are exercised. tests/test_block_size.py checks the default itself."""
+    from tandem.runner import device
+
+    saved, device.CPU_BLOCK_SIZE = device.CPU_BLOCK_SIZE, 16
+    yield
+    device.CPU_BLOCK_SIZE = saved
+
+
 def make_tokenizer(out: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

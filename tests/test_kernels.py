@@ -55,6 +55,7 @@ def test_silu_and_mul(ops, dtype, tol):
     (9, 3, 64, 16),     # the default model's shape: 8-row passes plus tails
     (8, 1, 128, 16),    # two 64-dim chunks in the V pass, 8 query heads per kv head
     (4, 4, 64, 32),     # no GQA
+    (9, 3, 64, 128),    # the CPU default block size
     (4, 2, 48, 8),      # head_dim not a multiple of 64: the generic path
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -63,7 +64,7 @@ def test_paged_attention_matches_sdpa(ops, heads, kv, d, bs, dtype):
     (computed in float32 from the same stored values; the output is rounded once to the dtype)."""
     torch.manual_seed(0)
     nblocks = 40
-    width = 150 // bs + 1
+    width = max(150 // bs + 1, 3)
     kc, vc = torch.randn(kv, nblocks * bs, d, dtype=dtype), torch.randn(kv, nblocks * bs, d, dtype=dtype)
     table = torch.zeros(2, width, dtype=torch.int32)
     table[0] = torch.randperm(nblocks)[:width].to(torch.int32)
@@ -110,6 +111,7 @@ decode_bf16 = pytest.mark.skipif(module is None or not module.decode_bf16_availa
     (14, 2, 64, 16),    # 7 per group: value passes of 4 and 3
     (16, 2, 128, 16),   # 8 per group, two 64-dimension value chunks
     (4, 4, 128, 32),    # no GQA
+    (9, 3, 64, 128),    # the CPU default block size
 ])
 def test_paged_attention_bf16_kernel_matches_a_float64_reference(ops, heads, kv, d, bs):
     """The VDPBF16PS decode path: contexts of one key, odd lengths (a half key pair at the end), block
@@ -219,7 +221,7 @@ prefill_bf16 = pytest.mark.skipif(module is None or not module.prefill_bf16_avai
 
 
 @prefill_bf16
-@pytest.mark.parametrize("bs", [16, 8, 32])
+@pytest.mark.parametrize("bs", [16, 8, 32, 128])
 @pytest.mark.parametrize("start, length", [(0, 1), (0, 17), (37, 50), (200, 300)])
 def test_prefill_attention_bf16_matches_causal_sdpa(bs, start, length):
     """A chunk at positions start.. over scattered blocks equals float32 SDPA on the gathered context

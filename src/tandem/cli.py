@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Stage I predictor: train on a held-out trace (seed + 1000; default), start cold, "
                          "or a state from `tandem predictor train`")
     au.add_argument("--json", default=None)
-    _model_args(au)
+    _model_args(au, block_size=16)      # the tiny caches of the memory-bound runs count 16-token blocks
     au.set_defaults(func=cmd_bench_augmented)
     add_simulate_parser(sub, subcommands=[add_calibrate_parser])
     add_predictor_parser(sub)

@@ -13,7 +13,7 @@ from tandem.config import QUANTIZATIONS
 SERVE_BATCHED_TOKENS = 2048   # `tandem serve`'s step budget, vLLM's server default (docs/benchmarks.md)
 
 
-def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -> None:
+def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, block_size: int | None = None) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None,
                    help="HF model directory, .gguf file, or Hugging Face Hub repository org/name[@revision] "
@@ -44,6 +44,10 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512) -
     g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: the model's dtype, but float16 under a float32 model on CPU (half the bytes "
                         "decode attention reads; llama.cpp's default); float32 keeps a float32 model exact")
+    g.add_argument("--block-size", type=int, default=block_size,
+                   help="tokens per KV block, a power of two (default: " + (
+                       str(block_size) if block_size else "128 on CPU, where decode attention streams longer "
+                       "runs of K/V faster, as vLLM's CPU backend; 16 on GPU") + ")")
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--scheduling-policy", default="fcfs",
@@ -118,7 +122,8 @@ def _make_llm(a: argparse.Namespace, **overrides):
 
     kw = dict(model=a.model, dtype=a.dtype, device=a.device, max_model_len=a.max_model_len,
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-              kv_cache_memory_gb=a.kv_cache_memory_gb, enable_prefix_caching=not a.no_prefix_caching,
+              kv_cache_memory_gb=a.kv_cache_memory_gb, block_size=a.block_size,
+              enable_prefix_caching=not a.no_prefix_caching,
               seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
               swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization,
               generation_config=a.generation_config,

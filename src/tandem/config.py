@@ -46,7 +46,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
+    block_size: int | None = None       # tokens per KV block; None: runner.device.resolve_block_size (128 on CPU, 16 on GPU)
     kv_cache_memory_gb: float | None = None   # None: sized from free memory (see tandem.llm.kv_cache_bytes)
     num_blocks: int | None = None
     enable_prefix_caching: bool = True
@@ -56,7 +56,7 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.swap_space_gb < 0:
             raise ConfigError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+        if self.block_size is not None and (self.block_size < 1 or self.block_size & (self.block_size - 1)):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ConfigError(f"num_blocks must be >= 1, got {self.num_blocks}")

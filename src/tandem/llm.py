@@ -23,7 +23,8 @@ from tandem.models.generation_config import default_sampling_params, generation_
 from tandem.models.loader import load_arch, load_model
 from tandem.outputs import RequestOutput
 from tandem.runner.attention import PagedKVCache
-from tandem.runner.device import available_memory_bytes, resolve_device, resolve_dtype, resolve_kv_dtype
+from tandem.runner.device import (available_memory_bytes, resolve_block_size, resolve_device, resolve_dtype,
+                                  resolve_kv_dtype)
 from tandem.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
 from tandem.sched.build import build_scheduler
@@ -54,6 +55,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
                     "(LLM(generation_config='vllm')) if this is not intended",
                     "the model's generation_config.json" if model_cfg.generation_config == "auto"
                     else model_cfg.generation_config, defaults)
+    cache_cfg = dataclasses.replace(cache_cfg, block_size=resolve_block_size(cache_cfg.block_size, device))
     kv_dtype = resolve_kv_dtype(cache_cfg.kv_cache_dtype, dtype, device, _has_paged_kernel(device))
     bytes_per_block = PagedKVCache.bytes_per_block(arch.num_layers, cache_cfg.block_size, arch.num_kv_heads,
                                                    arch.head_dim, kv_dtype)
@@ -222,7 +224,7 @@ def _max_model_len(cfg: ModelConfig, model_max: int, window: int | None, kv_toke
 class LLM:
     def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "auto",
                  max_model_len: int | None = None, max_num_batched_tokens: int = 512, max_num_seqs: int = 64,
-                 kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None, block_size: int = 16,
+                 kv_cache_memory_gb: float | None = None, num_kv_blocks: int | None = None, block_size: int | None = None,
                  enable_prefix_caching: bool = True, scheduling_policy: str = "fcfs", seed: int = 0,
                  num_threads: int | None = None, speculative: SpecConfig | str | None = None,
                  tools: ToolRegistry | list[str] | bool | None = None, swap_space_gb: float = 0.25,

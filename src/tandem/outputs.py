@@ -60,5 +60,10 @@ class RequestOutput:
         return self.outputs[0].token_ids
 
     @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (vLLM's RequestOutput field)."""
+        return self.metrics.num_cached_tokens
+
+    @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason

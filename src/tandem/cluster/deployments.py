@@ -317,7 +317,7 @@ class TandemIngress:
 # --- the application -----------------------------------------------------------------------------
 def build(args: argparse.Namespace):
     """The Serve application for parsed `tandem serve` arguments (with --replicas, --replica-cpus)."""
-    from tandem.config import CacheConfig
+    from tandem.runner.device import resolve_block_size, resolve_device
 
     n = max(1, int(args.replicas))
     cpus = float(args.replica_cpus) if args.replica_cpus else 1.0
@@ -334,4 +334,5 @@ def build(args: argparse.Namespace):
     ingress = serve.deployment(TandemIngress, name="TandemIngress").options(
         num_replicas=1, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=4 * n * (args.max_waiting + args.max_num_seqs))
-    return ingress.bind(replica.bind(args, threads), n, args.model, CacheConfig().block_size, "TandemReplica")
+    return ingress.bind(replica.bind(args, threads), n, args.model,
+                       resolve_block_size(getattr(args, "block_size", None), resolve_device(args.device)), "TandemReplica")

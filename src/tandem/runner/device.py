@@ -84,6 +84,22 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype, device: torch.device, 
     return kv
 
 
+CPU_BLOCK_SIZE = 128       # vLLM's CPU default too
+GPU_BLOCK_SIZE = 16
+
+
+def resolve_block_size(block_size: int | None, device: torch.device) -> int:
+    """Tokens per KV block. None (auto): 128 on CPU, 16 elsewhere. A block holds one KV head's keys
+    (and values) contiguously, and CPU decode attention streams them from memory once a batch's
+    cache outgrows the last-level cache: longer runs per block read faster (2-core Zen 5, bfloat16,
+    64 sequences at 1,000 tokens: 16.6 GB/s at 16 tokens, 21.5 at 64, 24.0 at 128). The price is a
+    coarser prefix cache (hits count whole blocks) and up to a block of unused slots per sequence.
+    vLLM's CPU backend defaults to 128 as well; its GPU kernels and Tandem's CUDA path use 16."""
+    if block_size is not None:
+        return block_size
+    return CPU_BLOCK_SIZE if device.type == "cpu" else GPU_BLOCK_SIZE
+
+
 def cpu_has_f16c() -> bool:
     return "f16c" in cpu_info().get("flags", "").split()
 
