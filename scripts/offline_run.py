@@ -21,15 +21,16 @@ import time
 
 
 def build(engine: str, model: str, dtype: str, max_model_len: int, vllm_memory_fraction: float,
-          ngram: bool = False, ignore_eos: bool = True, quantization: str = "auto"):
+          ngram: bool = False, ignore_eos: bool = True, quantization: str = "auto", block_size: int | None = None):
     """A function running a batch of (ids, max_tokens, temperature) at once; returns output tokens."""
+    blocks = {"block_size": block_size} if block_size else {}         # None: each engine's own default
     if engine == "vllm":
         from vllm import LLM, SamplingParams, TokensPrompt
 
         spec = ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
                 if ngram else None)
         llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, seed=0,
-                  gpu_memory_utilization=vllm_memory_fraction, speculative_config=spec)
+                  gpu_memory_utilization=vllm_memory_fraction, speculative_config=spec, **blocks)
 
         def run(reqs, temperature):
             prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in reqs]
@@ -41,7 +42,7 @@ def build(engine: str, model: str, dtype: str, max_model_len: int, vllm_memory_f
     from tandem import LLM, SamplingParams
 
     llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, progress=False,
-              speculative="ngram" if ngram else None, quantization=quantization)
+              speculative="ngram" if ngram else None, quantization=quantization, **blocks)
 
     def run(reqs, temperature):
         params = [SamplingParams(temperature=temperature, max_tokens=r["max_tokens"], ignore_eos=ignore_eos)
@@ -65,20 +66,21 @@ def main() -> None:
     ap.add_argument("--stop-at-eos", action="store_true", help="end requests at EOS (default: ignore_eos)")
     ap.add_argument("--ngram", action="store_true", help="n-gram speculation (vLLM: prompt lookup, k=4)")
     ap.add_argument("--json", required=True)
+    ap.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default: the engine's own)")
     ap.add_argument("--quantization", default="auto", help="Tandem only: auto | gguf | gguf-float | none")
     ap.add_argument("--vllm-memory-fraction", type=float, default=0.5,
                     help="vLLM's gpu_memory_utilization: on CPU, the share of NUMA node 0's memory it reserves")
     a = ap.parse_args()
     reqs = json.load(open(a.requests))
     batch = build(a.engine, a.model, a.dtype, a.max_model_len, a.vllm_memory_fraction, a.ngram, not a.stop_at_eos,
-                  a.quantization)
+                  a.quantization, a.block_size)
     temperatures = [float(t) for t in str(a.temperature).split(",")]
     if len(temperatures) > 1 and "{t}" not in a.json:
         raise SystemExit("with several temperatures, --json must contain {t}")
     batch(reqs[:2], temperatures[0])                              # warm-up
     for temperature in temperatures:
         data = {"engine": a.engine, "temperature": temperature, "num_requests": len(reqs), "dtype": a.dtype,
-                "ngram": a.ngram, "ignore_eos": not a.stop_at_eos,
+                "ngram": a.ngram, "ignore_eos": not a.stop_at_eos, "block_size": a.block_size,
                 "quantization": a.quantization if a.engine == "tandem" else None,
                 "machine": platform.processor() or platform.machine(),
                 "env": {k: os.environ[k] for k in ("LD_PRELOAD", "VLLM_CPU_NUM_OF_RESERVED_CPU") if k in os.environ}}
