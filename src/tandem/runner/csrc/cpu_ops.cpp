@@ -554,6 +554,10 @@ void paged_attention_impl(TQ* out, const TQ* q, int64_t q_row, const TKV* kc, co
   // ever longer contexts, and contiguous halves would give one thread three times the work.
   const int64_t items = n * kv_heads, threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
   const int64_t chunk = (items + threads - 1) / threads;
+#ifdef TANDEM_DECODE_BF16
+  const bool bf16_kernel = std::is_same_v<TQ, c10::BFloat16> && std::is_same_v<TKV, c10::BFloat16> &&
+                           d % 64 == 0 && d <= 128 && g_size <= 8 && bs % 16 == 0;
+#endif
   at::parallel_for(0, chunk * threads, chunk, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, res, qf(g_size * d), acc(g_size * d);
     std::vector<uint16_t> probs;    // the bfloat16 kernel's rounded probabilities
@@ -564,35 +568,31 @@ void paged_attention_impl(TQ* out, const TQ* q, int64_t q_row, const TKV* kc, co
       const int64_t ctx = static_cast<int64_t>(pos[i]) + 1;
       const int32_t* blocks = table + static_cast<int64_t>(seq[i]) * max_blocks;
       scores.resize(g_size * ctx);
+      const TKV* kh = kc + h * slots * d;
+      const TKV* vh = vc + h * slots * d;
+      TQ* dst = out + (i * heads + h * g_size) * d;   // the group's G output rows
 #ifdef TANDEM_DECODE_BF16
-      if constexpr (std::is_same_v<TQ, c10::BFloat16> && std::is_same_v<TKV, c10::BFloat16>) {
-        if (d % 64 == 0 && d <= 128 && g_size <= 8 && bs % 16 == 0) {
-          probs.resize(g_size * (ctx + 2));
-          res.resize(g_size * d);
-          attend_item_bf16(res.data(), reinterpret_cast<const uint16_t*>(q + i * q_row + h * g_size * d), g_size,
-                           reinterpret_cast<const uint16_t*>(kc + h * slots * d),
-                           reinterpret_cast<const uint16_t*>(vc + h * slots * d), blocks, ctx, bs, d, scale,
-                           scores.data(), probs.data());
-          TQ* o = out + (i * heads + h * g_size) * d;
-          for (int64_t x = 0; x < g_size * d; ++x) o[x] = static_cast<TQ>(res[x]);
-          continue;
-        }
+      if (bf16_kernel) {
+        probs.resize(g_size * (ctx + 2));
+        res.resize(g_size * d);
+        attend_item_bf16(res.data(), reinterpret_cast<const uint16_t*>(q + i * q_row + h * g_size * d), g_size,
+                         reinterpret_cast<const uint16_t*>(kh), reinterpret_cast<const uint16_t*>(vh), blocks, ctx,
+                         bs, d, scale, scores.data(), probs.data());
+        for (int64_t x = 0; x < g_size * d; ++x) dst[x] = static_cast<TQ>(res[x]);
+        continue;
       }
 #endif
       for (int64_t g = 0; g < g_size; ++g)
         for (int64_t j = 0; j < d; ++j) qf[g * d + j] = f32(q[i * q_row + (h * g_size + g) * d + j]);
-      const TKV* kh = kc + h * slots * d;
-      const TKV* vh = vc + h * slots * d;
 #ifdef TANDEM_AVX2
       if constexpr (kVectorKV<TKV>) {
         if (d % 64 == 0) {
-          TQ* o = out + (i * heads + h * g_size) * d;
           if constexpr (std::is_same_v<TQ, float>) {
-            attend_item(o, qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale, scores.data(), acc.data());
+            attend_item(dst, qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale, scores.data(), acc.data());
           } else {
             res.resize(g_size * d);
             attend_item(res.data(), qf.data(), g_size, kh, vh, blocks, ctx, bs, d, scale, scores.data(), acc.data());
-            for (int64_t x = 0; x < g_size * d; ++x) o[x] = static_cast<TQ>(res[x]);
+            for (int64_t x = 0; x < g_size * d; ++x) dst[x] = static_cast<TQ>(res[x]);
           }
           continue;
         }
@@ -617,7 +617,7 @@ void paged_attention_impl(TQ* out, const TQ* q, int64_t q_row, const TKV* kc, co
         for (int64_t o = 0; o < len; ++o) accumulate_row(acc.data(), scores.data() + t0 + o, ctx, g_size, vb + o * d, d);
       }
       for (int64_t g = 0; g < g_size; ++g)
-        for (int64_t j = 0; j < d; ++j) out[(i * heads + h * g_size + g) * d + j] = static_cast<TQ>(acc[g * d + j]);
+        for (int64_t j = 0; j < d; ++j) dst[g * d + j] = static_cast<TQ>(acc[g * d + j]);
     }
   });
 }
