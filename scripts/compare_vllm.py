@@ -197,7 +197,7 @@ def bench_serve(a, peer: Path, model_dir: Path, dataset: Path, port: int, rate: 
            "--dataset-path", str(dataset), "--num-prompts", str(a.num_prompts), "--request-rate", str(rate),
            "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--goodput", f"ttft:{a.ttft_ms}", f"tpot:{a.tpot_ms}",
-           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+           "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     data = json.loads(out.read_text())
     return {k: data.get(k) for k, _, _ in SERVE_METRICS} | {"completed": data.get("completed")}

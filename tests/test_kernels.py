@@ -222,12 +222,15 @@ prefill_bf16 = pytest.mark.skipif(module is None or not module.prefill_bf16_avai
 
 @prefill_bf16
 @pytest.mark.parametrize("bs", [16, 8, 32, 128])
-@pytest.mark.parametrize("start, length", [(0, 1), (0, 17), (37, 50), (200, 300)])
-def test_prefill_attention_bf16_matches_causal_sdpa(bs, start, length):
+@pytest.mark.parametrize("start, length, heads, kv", [(0, 1, 9, 3), (0, 17, 9, 3), (37, 50, 9, 3), (200, 300, 9, 3),
+                                                      (0, 5, 4, 4), (63, 66, 2, 1), (900, 333, 8, 2), (5, 130, 12, 3)])
+def test_prefill_attention_bf16_matches_causal_sdpa(bs, start, length, heads, kv):
     """A chunk at positions start.. over scattered blocks equals float32 SDPA on the gathered context
-    (the kernel rounds probabilities to bfloat16 for the value product, as bfloat16 SDPA does)."""
+    (the kernel rounds probabilities to bfloat16 for the value product, as bfloat16 SDPA does).
+    Group sizes 1-4, rows that fill the kernel's four-row blocks or leave a remainder, and contexts
+    that start, end and cross its 64-key tiles anywhere."""
     torch.manual_seed(bs + start)
-    heads, kv, d = 9, 3, 64
+    d = 64
     ctx = start + length
     nblocks = ctx // bs + 5
     kc = torch.randn(kv, nblocks * bs, d, dtype=torch.bfloat16)

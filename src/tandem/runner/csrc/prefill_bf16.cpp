@@ -1,16 +1,17 @@
 // Causal attention of one prefill chunk over its paged context, bfloat16, on CPUs with AVX512-BF16.
 //
 // The chunk's L queries sit at positions start .. start + L - 1 and see positions 0 .. their own.
-// Per kv head, the rows are (query, query head of the group), and the context is walked one KV
-// block (16 keys) at a time, flash-attention style: per row an online softmax (running max and
-// sum) and a float32 accumulator of the weighted values. Both products run on VDPBF16PS, 32
-// multiply-adds per instruction:
-//   scores: the block's keys transposed once into 32 vectors of dimension pairs (lane = key), so a
-//           row's 16 scores are 32 instructions on broadcast pairs of its query;
-//   values: the block's values interleaved once into key pairs (lane = dimension), so a row's
-//           weighted sum is 32 instructions on broadcast pairs of its probabilities, rounded to
+// Per kv head, the rows are (query, query head of the group), and the context is walked a tile of
+// 64 keys at a time, flash-attention style: per row an online softmax (running max and sum) and a
+// float32 accumulator of the weighted values. Both products run on VDPBF16PS, 32 multiply-adds per
+// instruction:
+//   scores: the tile's keys transposed once into 32 x 4 vectors of dimension pairs (lane = key), so
+//           a row's 64 scores are 128 instructions on broadcast pairs of its query;
+//   values: the tile's values interleaved once into key pairs (lane = dimension), so a row's
+//           weighted sum is 128 instructions on broadcast pairs of its probabilities, rounded to
 //           bfloat16 (as SDPA's bfloat16 kernels do).
-// The transposes are paid once per block and kv head and shared by every row of the chunk.
+// The rearranged tile is shared by every row of the chunk, four rows at a time (each loaded vector
+// feeds four rows' multiply-adds).
 // Rows are dealt to the threads by query parity, so both see the same mix of short and long contexts.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -28,7 +29,6 @@
 namespace {
 
 #ifdef TANDEM_PREFILL_BF16
-constexpr int64_t kKeys = 16;   // keys per pass: one vector of scores
 
 // exp on 16 floats (Cephes polynomial, as exp8 in cpu_ops.cpp); inputs below -88 give ~0.
 inline __m512 exp16(__m512 x) {
@@ -55,84 +55,134 @@ inline int32_t pair_at(const uint16_t* p) {
   return v;
 }
 
-// One kv head, the rows of the queries i = first, first + step, ... of the chunk.
-// d == 64 (four vectors of 16 dimensions).
+constexpr int64_t kTile = 64;   // keys per tile: four vectors of scores per row
+constexpr int64_t kRows = 4;    // rows computed together (register blocking)
+
+// One kv head, the rows of the queries i = first, first + step, ... of the chunk (g fastest).
+// d == 64 (four vectors of 16 dimensions). The context is walked a tile of 64 keys at a time; each
+// tile's keys and values are rearranged once and then shared by every row, kRows rows at a time:
+// a loaded key or value vector feeds kRows multiply-adds, so the loop runs on the multiply-add
+// units rather than on loads, and the online softmax's bookkeeping (max, sum, rescaling) is paid
+// once per 64 keys per row.
 void attend_rows(uint16_t* out, const uint16_t* q, const uint16_t* kh, const uint16_t* vh, const int32_t* blocks,
                  int64_t start, int64_t len, int64_t first, int64_t step, int64_t heads, int64_t g_size, int64_t h,
                  int64_t bs, float scale) {
   constexpr int64_t d = 64;
-  std::vector<int64_t> rows;                        // query index of each row, g fastest
-  for (int64_t i = first; i < len; i += step) rows.push_back(i);
-  const int64_t nrows = static_cast<int64_t>(rows.size()) * g_size;
+  std::vector<int64_t> row_pos;                     // position of each row
+  std::vector<const uint16_t*> row_q;               // its query
+  std::vector<uint16_t*> row_out;                   // where its output goes
+  for (int64_t i = first; i < len; i += step)
+    for (int64_t g = 0; g < g_size; ++g) {
+      row_pos.push_back(start + i);
+      row_q.push_back(q + (i * heads + h * g_size + g) * d);
+      row_out.push_back(out + (i * heads + h * g_size + g) * d);
+    }
+  const int64_t nrows = static_cast<int64_t>(row_pos.size());
   if (nrows == 0) return;
-  std::vector<float> acc(nrows * d, 0.f), mx(nrows, -std::numeric_limits<float>::infinity()), sum(nrows, 0.f);
-  alignas(64) int32_t kt[d / 2][kKeys];             // [dim pair][key]
-  alignas(64) uint16_t vp[kKeys / 2][d][2];         // [key pair][dim][2]
-  const int64_t ctx = start + len, last = start + rows.back();   // the longest context of these rows
-  for (int64_t t0 = 0; t0 <= last; t0 += kKeys) {
-    const int64_t n = std::min<int64_t>(kKeys, ctx - t0);
-    // Gather the 16 keys' rows (a KV block holds bs >= 16 or a divisor of 16 consecutive positions).
-    const uint16_t* krow[kKeys];
-    const uint16_t* vrow[kKeys];
-    for (int64_t t = 0; t < kKeys; ++t) {
+  const int64_t nblk = (nrows + kRows - 1) / kRows;
+  // Pad to whole blocks with copies of the last row (computed, never stored).
+  while (static_cast<int64_t>(row_pos.size()) < nblk * kRows) {
+    row_pos.push_back(row_pos.back());
+    row_q.push_back(row_q.back());
+  }
+  std::vector<float> acc(nblk * kRows * d, 0.f), mx(nblk * kRows, -std::numeric_limits<float>::infinity()),
+      sum(nblk * kRows, 0.f);
+  alignas(64) int32_t kt[d / 2][kTile];             // [dim pair][key]
+  alignas(64) uint16_t vp[kTile / 2][d][2];         // [key pair][dim][2]
+  alignas(64) int32_t pp[kRows][kTile / 2];         // probabilities of each row as bfloat16 pairs
+  const int64_t ctx = start + len, last = row_pos[nrows - 1];   // rows ascend: the last sees the most
+  const __m512 sv = _mm512_set1_ps(scale);
+  int64_t first_blk = 0;                            // blocks before it have seen all their context
+  for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
+    const int64_t n = std::min<int64_t>(kTile, ctx - t0);
+    const int64_t nv = (n + 15) / 16;               // score vectors with a key in them
+    for (int64_t t = 0; t < kTile; ++t) {
       const int64_t p = t0 + std::min<int64_t>(t, n - 1);
       const int64_t slot = static_cast<int64_t>(blocks[p / bs]) * bs + p % bs;
-      krow[t] = kh + slot * d;
-      vrow[t] = vh + slot * d;
+      const uint16_t* kr = kh + slot * d;
+      const uint16_t* vr = vh + slot * d;
+      for (int64_t j = 0; j < d / 2; ++j) kt[j][t] = pair_at(kr + 2 * j);
+      for (int64_t j = 0; j < d; ++j) vp[t / 2][j][t % 2] = vr[j];
     }
-    for (int64_t t = 0; t < kKeys; ++t)
-      for (int64_t p = 0; p < d / 2; ++p) kt[p][t] = pair_at(krow[t] + 2 * p);
-    for (int64_t tp = 0; tp < kKeys / 2; ++tp)
-      for (int64_t j = 0; j < d; ++j) { vp[tp][j][0] = vrow[2 * tp][j]; vp[tp][j][1] = vrow[2 * tp + 1][j]; }
-    const __m512 sv = _mm512_set1_ps(scale);
-    for (int64_t r = 0; r < nrows; ++r) {
-      const int64_t i = rows[r / g_size], g = r % g_size, pos = start + i;
-      if (t0 > pos) continue;                       // the whole pass is in this query's future
-      const uint16_t* qr = q + (i * heads + h * g_size + g) * d;
-      __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;    // four chains: the latency of one is long
-      for (int64_t p = 0; p < d / 2; p += 4) {
-        s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_load_si512(kt[p]), (__m512bh)_mm512_set1_epi32(pair_at(qr + 2 * p)));
-        s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_load_si512(kt[p + 1]), (__m512bh)_mm512_set1_epi32(pair_at(qr + 2 * p + 2)));
-        s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_load_si512(kt[p + 2]), (__m512bh)_mm512_set1_epi32(pair_at(qr + 2 * p + 4)));
-        s3 = _mm512_dpbf16_ps(s3, (__m512bh)_mm512_load_si512(kt[p + 3]), (__m512bh)_mm512_set1_epi32(pair_at(qr + 2 * p + 6)));
+    while (first_blk < nblk && row_pos[(first_blk + 1) * kRows - 1] < t0) ++first_blk;
+    for (int64_t b = first_blk; b < nblk; ++b) {
+      const int64_t r0 = b * kRows;
+      // scores: s[r][c] holds keys 16c .. 16c + 15 of row r0 + r
+      __m512 s[kRows][4];
+      for (int64_t r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < 4; ++c) s[r][c] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < d / 2; ++j) {
+        const __m512bh k0 = (__m512bh)_mm512_load_si512(kt[j]), k1 = (__m512bh)_mm512_load_si512(kt[j] + 16);
+        const __m512bh k2 = (__m512bh)_mm512_load_si512(kt[j] + 32), k3 = (__m512bh)_mm512_load_si512(kt[j] + 48);
+        for (int64_t r = 0; r < kRows; ++r) {
+          const __m512bh qb = (__m512bh)_mm512_set1_epi32(pair_at(row_q[r0 + r] + 2 * j));
+          s[r][0] = _mm512_dpbf16_ps(s[r][0], k0, qb);
+          s[r][1] = _mm512_dpbf16_ps(s[r][1], k1, qb);
+          s[r][2] = _mm512_dpbf16_ps(s[r][2], k2, qb);
+          s[r][3] = _mm512_dpbf16_ps(s[r][3], k3, qb);
+        }
       }
-      s0 = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
-      const int64_t visible = std::min<int64_t>(n, pos - t0 + 1);
-      const __mmask16 mask = visible >= 16 ? 0xffff : static_cast<__mmask16>((1u << visible) - 1);
-      const __m512 s = _mm512_mul_ps(s0, sv);
-      const float m_old = mx[r], m_new = std::max(m_old, _mm512_mask_reduce_max_ps(mask, s));
-      const __m512 pr = _mm512_maskz_mov_ps(mask, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
-      const float corr = m_new == m_old ? 1.f : std::exp(m_old - m_new);   // 0 on the first pass (m_old = -inf)
-      mx[r] = m_new;
-      sum[r] = sum[r] * corr + _mm512_reduce_add_ps(pr);
-      alignas(64) int32_t pp[kKeys / 2];            // probabilities as bfloat16 pairs
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pp), (__m256i)_mm512_cvtneps_pbh(pr));
-      float* a = acc.data() + r * d;
-      const __m512 cv = _mm512_set1_ps(corr);
-      __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(a), cv), a1 = _mm512_mul_ps(_mm512_loadu_ps(a + 16), cv);
-      __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(a + 32), cv), a3 = _mm512_mul_ps(_mm512_loadu_ps(a + 48), cv);
-      __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;      // second set of chains: odd key pairs
-      for (int64_t tp = 0; tp < kKeys / 2; tp += 2) {
-        const __m512bh pa = (__m512bh)_mm512_set1_epi32(pp[tp]), pb = (__m512bh)_mm512_set1_epi32(pp[tp + 1]);
-        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_load_si512(vp[tp][0]), pa);
-        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_load_si512(vp[tp][16]), pa);
-        a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_load_si512(vp[tp][32]), pa);
-        a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_load_si512(vp[tp][48]), pa);
-        b0 = _mm512_dpbf16_ps(b0, (__m512bh)_mm512_load_si512(vp[tp + 1][0]), pb);
-        b1 = _mm512_dpbf16_ps(b1, (__m512bh)_mm512_load_si512(vp[tp + 1][16]), pb);
-        b2 = _mm512_dpbf16_ps(b2, (__m512bh)_mm512_load_si512(vp[tp + 1][32]), pb);
-        b3 = _mm512_dpbf16_ps(b3, (__m512bh)_mm512_load_si512(vp[tp + 1][48]), pb);
+      // online softmax, per row
+      float corr[kRows];
+      for (int64_t r = 0; r < kRows; ++r) {
+        const int64_t visible = std::min<int64_t>(n, row_pos[r0 + r] - t0 + 1);
+        if (visible <= 0) {                         // the whole tile is in this row's future
+          corr[r] = 1.f;
+          for (int64_t c = 0; c < kTile / 2; c += 16) _mm512_store_si512(pp[r] + c, _mm512_setzero_si512());
+          continue;
+        }
+        __mmask16 mk[4];
+        for (int64_t c = 0; c < 4; ++c) {
+          const int64_t v = std::min<int64_t>(16, std::max<int64_t>(0, visible - 16 * c));
+          mk[c] = v >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << v) - 1);
+        }
+        const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        __m512 m4 = ninf;
+        for (int64_t c = 0; c < nv; ++c) {
+          s[r][c] = _mm512_mask_mul_ps(ninf, mk[c], s[r][c], sv);
+          m4 = _mm512_max_ps(m4, s[r][c]);
+        }
+        const float m_old = mx[r0 + r], m_new = std::max(m_old, _mm512_reduce_max_ps(m4));
+        const __m512 mv = _mm512_set1_ps(m_new);
+        __m512 tot = _mm512_setzero_ps();
+        for (int64_t c = 0; c < 4; ++c) {
+          const __m512 e = c < nv ? _mm512_maskz_mov_ps(mk[c], exp16(_mm512_sub_ps(s[r][c], mv))) : _mm512_setzero_ps();
+          tot = _mm512_add_ps(tot, e);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(pp[r] + 8 * c), (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        corr[r] = m_new == m_old ? 1.f : std::exp(m_old - m_new);   // 0 on the first tile (m_old = -inf)
+        mx[r0 + r] = m_new;
+        sum[r0 + r] = sum[r0 + r] * corr[r] + _mm512_reduce_add_ps(tot);
       }
-      _mm512_storeu_ps(a, _mm512_add_ps(a0, b0)); _mm512_storeu_ps(a + 16, _mm512_add_ps(a1, b1));
-      _mm512_storeu_ps(a + 32, _mm512_add_ps(a2, b2)); _mm512_storeu_ps(a + 48, _mm512_add_ps(a3, b3));
+      // values: acc[r] = acc[r] * corr + sum over key pairs of probabilities x values
+      __m512 a[kRows][4];
+      for (int64_t r = 0; r < kRows; ++r) {
+        float* ar = acc.data() + (r0 + r) * d;
+        const __m512 cv = _mm512_set1_ps(corr[r]);
+        for (int64_t c = 0; c < 4; ++c) a[r][c] = _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * c), cv);
+      }
+      const int64_t npairs = (n + 1) / 2;
+      for (int64_t tp = 0; tp < npairs; ++tp) {
+        const __m512bh v0 = (__m512bh)_mm512_load_si512(vp[tp][0]), v1 = (__m512bh)_mm512_load_si512(vp[tp][16]);
+        const __m512bh v2 = (__m512bh)_mm512_load_si512(vp[tp][32]), v3 = (__m512bh)_mm512_load_si512(vp[tp][48]);
+        for (int64_t r = 0; r < kRows; ++r) {
+          const __m512bh pb = (__m512bh)_mm512_set1_epi32(pp[r][tp]);
+          a[r][0] = _mm512_dpbf16_ps(a[r][0], v0, pb);
+          a[r][1] = _mm512_dpbf16_ps(a[r][1], v1, pb);
+          a[r][2] = _mm512_dpbf16_ps(a[r][2], v2, pb);
+          a[r][3] = _mm512_dpbf16_ps(a[r][3], v3, pb);
+        }
+      }
+      for (int64_t r = 0; r < kRows; ++r) {
+        float* ar = acc.data() + (r0 + r) * d;
+        for (int64_t c = 0; c < 4; ++c) _mm512_storeu_ps(ar + 16 * c, a[r][c]);
+      }
     }
   }
   for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t i = rows[r / g_size], g = r % g_size;
     const __m512 inv = _mm512_set1_ps(1.f / sum[r]);
-    uint16_t* o = out + (i * heads + h * g_size + g) * d;
     for (int64_t c = 0; c < d; c += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c),
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row_out[r] + c),
                           (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * d + c), inv)));
   }
 }
