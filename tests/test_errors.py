@@ -24,7 +24,8 @@ def still_works(llm):
     (dict(temperature=-0.1), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
-    (dict(top_k=0), "top_k"),
+    (dict(top_k=-2), "top_k"),
+    (dict(top_k=1.5), "top_k"),
     (dict(min_tokens=5, max_tokens=2), "min_tokens"),
     (dict(logprobs=-1), "logprobs"),
 ])
@@ -125,3 +126,10 @@ def test_quantized_hf_checkpoint_is_refused_by_name(tiny_llama, tmp_path, method
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match=f"'{method}'-quantized"):
         LLM(model=str(bad), dtype="float32", progress=False)
+
+
+def test_top_k_zero_means_off_as_in_vllm():
+    """vLLM's SamplingParams takes top_k=0 for "no top-k" (its default); -1 is the older spelling."""
+    assert SamplingParams(top_k=0).top_k == -1
+    assert SamplingParams(top_k=-1).top_k == -1
+    assert SamplingParams(top_k=5).top_k == 5

@@ -80,7 +80,10 @@ class SamplingParams:
             self.temperature = 0.0
         if self.top_p < MIN_TOP_P:
             self.top_p = MIN_TOP_P
-        _check(self.top_k == -1 or self.top_k >= 1, "top_k", f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k",
+               f"top_k must be 0 or -1 (off) or >= 1, got {self.top_k!r}")
+        if self.top_k == 0:
+            self.top_k = -1                    # vLLM's 0 and the older -1 both mean off
         _check(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
