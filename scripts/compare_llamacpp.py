@@ -1,7 +1,7 @@
 """Tandem against llama.cpp's own server (`llama-server`) on the same GGUF, judged by `vllm bench serve`.
 
     .venv/bin/python scripts/compare_llamacpp.py --llama-server PATH [--rates 2,4] [--seeds 0,1,2]
-                                                 [--num-prompts 64] [--slots 32] [--out DIR]
+                                                 [--num-prompts 64] [--slots 16] [--out DIR]
                                                  [--engines llamacpp,tandem]
 
 A user serving a GGUF on a CPU is as likely to pick llama.cpp as vLLM, so this is compare_vllm's
@@ -61,7 +61,8 @@ def main() -> None:
     ap.add_argument("--rates", default="2,4")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--num-prompts", type=int, default=64)
-    ap.add_argument("--slots", type=int, default=32, help="llama-server --parallel (default 32)")
+    ap.add_argument("--slots", type=int, default=16,
+                    help="llama-server --parallel (default 16: its best of 1-32 on ShareGPT here, docs/benchmarks.md)")
     ap.add_argument("--warmup-requests", type=int, default=4)
     ap.add_argument("--ttft-ms", type=int, default=2000)
     ap.add_argument("--tpot-ms", type=int, default=100)
@@ -98,6 +99,8 @@ def main() -> None:
             "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args}
     c.log(f"machine {data['machine']}, {data['llama_version']}")
     engines = a.engines.split(",")
+    if not engines or set(engines) - set(servers):
+        ap.error(f"--engines: a comma-separated subset of {', '.join(servers)}")
     runs = c.serve_rounds(a, c.peer_dir(), model_dir, {k: v for k, v in servers.items() if k in engines}, raw)
     data["runs"] = runs
     data["medians"] = {str(r): {name: {key: statistics.median(x[key] for x in runs[name][str(r)])
