@@ -31,7 +31,7 @@ import subprocess
 from pathlib import Path
 
 import compare_vllm as c
-from compare_vllm_report import SERVE_METRICS
+from compare_vllm_report import SERVE_METRICS, serve_row
 
 
 def llama_version(binary: Path) -> str:
@@ -48,10 +48,7 @@ def markdown(data: dict) -> str:
              "| rate | metric | llama.cpp | Tandem | Tandem / llama.cpp |", "|---:|---|---:|---:|---:|"]
     for rate, per in data["medians"].items():
         for key, label, _ in SERVE_METRICS:
-            l, t = per.get("llamacpp", {}).get(key), per.get("tandem", {}).get(key)
-            ratio = f"{t / l:.2f}" if l and t is not None else "n/a"
-            lines.append(f"| {float(rate):g} | {label} | {l:.2f} | {t:.2f} | {ratio} |" if l is not None and t is not None
-                         else f"| {float(rate):g} | {label} | {l} | {t} | n/a |")
+            lines.append(serve_row(float(rate), label, per.get("llamacpp", {}).get(key), per.get("tandem", {}).get(key)))
     return "\n".join(lines) + "\n"
 
 

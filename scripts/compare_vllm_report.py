@@ -91,7 +91,14 @@ def markdown(data: dict) -> str:
             for key, label, _ in SERVE_METRICS:
                 v = med([r[key] for r in s["vllm"][str(rate)]])
                 m = med([r[key] for r in s["tandem"][str(rate)]])
-                ratio = f"{m / v:.2f}" if v and m is not None else "n/a"
-                lines.append(f"| {rate:g} | {label} | {v:.2f} | {m:.2f} | {ratio} |" if v is not None and m is not None
-                             else f"| {rate:g} | {label} | {v} | {m} | n/a |")
+                lines.append(serve_row(rate, label, v, m))
     return "\n".join(lines) + "\n"
+
+
+def serve_row(rate: float, label: str, peer: float | None, tandem: float | None) -> str:
+    """One row of a served comparison: the rate, the metric, the peer's and Tandem's medians and
+    Tandem / peer (n/a where a figure is missing or the peer's is 0)."""
+    if peer is None or tandem is None:
+        return f"| {rate:g} | {label} | {peer} | {tandem} | n/a |"
+    ratio = f"{tandem / peer:.2f}" if peer else "n/a"
+    return f"| {rate:g} | {label} | {peer:.2f} | {tandem:.2f} | {ratio} |"
