@@ -2,6 +2,7 @@
 
     AGING=0.5   AugServeOrdering.aging (priority seconds per second waited; default 0)
     SHARE=1.0   AugServeOrdering.starving_share (1.0: every request past max_wait_s first)
+    TOOLW=0     AugServeOrdering.tool_time_weight (weight of predicted tool time in service time)
     RECLAIM=0   SchedulingPolicy.reclaim_kept_kv for the augserve policies
 
     SHARE=1.0 python scripts/augserve_knobs.py bench augmented --policies augserve ... --json PATH
@@ -12,6 +13,7 @@ _init = O.AugServeOrdering.__init__
 def _i(self, *a, **k):
     _init(self, *a, **k)
     if "AGING" in os.environ: self.aging = float(os.environ["AGING"])
+    if "TOOLW" in os.environ: self.tool_time_weight = float(os.environ["TOOLW"])
     if "SHARE" in os.environ and hasattr(self, "starving_share"): self.starving_share = float(os.environ["SHARE"])
 O.AugServeOrdering.__init__ = _i
 if "RECLAIM" in os.environ:

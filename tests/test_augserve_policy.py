@@ -121,3 +121,32 @@ def test_anti_starvation_bounds_the_wait_of_a_long_request():
     assert "long" not in results["augserve-stage1"] or results["augserve-stage1"]["long"] > 30.0
     # With Stage II the long request starts within max_wait (2 s) plus one short request's run.
     assert results["augserve"]["long"] <= 2.0 + 0.5 + 20 * 0.05 + 0.2
+
+
+def test_stage1_ranks_by_engine_service_time_not_tool_wall_time():
+    """A chat request whose one tool call is a 40 s human turn needs less of the engine than a
+    request with a long output; Stage I ranks it first. The tool's returned tokens (prefill the
+    engine must do) still count, and a weight of 1 restores wall-time ranking."""
+    from tandem.sched.ordering import AugServeOrdering
+    tools = ToolStats(alpha=1.0)
+    tools.observe_call("chatbot", 40.0, 20)
+    tools.observe_finish("chatbot", 1)
+    tools.observe_call("retrieval", 0.1, 2000)
+    tools.observe_finish("retrieval", 1)
+    tools.observe_finish("plain", 0)
+
+    def req(name, key, max_tokens, seq):
+        r = Request(name, [7] * 10, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        r.tool_key, r.arrival_seq = key, seq
+        return r
+
+    lengths = OutputLengthPredictor(min_samples=10**6)     # cold: every request predicts the prior
+    chat, plain, retrieval = req("chat", "chatbot", 8, 0), req("plain", "plain", 8, 1), req("rag", "retrieval", 8, 2)
+    wall = AugServeOrdering(lengths, tools, stage2=False, tool_time_weight=1.0, decode_token_s=0.03, prefill_token_s=0.003)
+    engine = AugServeOrdering(lengths, tools, stage2=False, decode_token_s=0.03, prefill_token_s=0.003)
+    assert engine.tool_time_weight == 0.0
+    k = {n: engine.service_time(r, 10) for n, r in (("chat", chat), ("plain", plain), ("rag", retrieval))}
+    assert k["plain"] < k["chat"] < k["rag"]                # 20 returned tokens < 2000 returned tokens
+    assert abs(k["chat"] - k["plain"] - 20 * 0.003) < 1e-9  # the 40 s of waiting adds nothing
+    assert wall.service_time(chat, 10) > wall.service_time(retrieval, 10)   # wall time: chat last
+    assert sorted([chat, retrieval], key=lambda r: engine.key(r, 0.0))[0] is chat
