@@ -1,0 +1,121 @@
+"""How much can any per-request draft-length policy gain in `tandem simulate --scenario faser`?
+
+An oracle bound on the decode throughput of one step, per decode batch size B, on the scenario's
+deployment (Qwen3-32B + Qwen3-0.6B draft on 2 x H100, the roofline cost model) with its published
+acceptance (`faser.PUBLISHED_ACCEPTANCE`, kinds mixed by `DEFAULT_KINDS`' weights):
+
+- no SD: B tokens per target forward without a draft model;
+- best uniform k: every request drafts the same k (0..8), the k with the most tokens/s;
+- vLLM's table: k from `SpecConfig.length_table` at B;
+- oracle: each request's *true* acceptance is known (no estimation error); for every cap on the
+  draft depth, (request, position) slots are admitted in order of their true survival
+  probability, and the best prefix over all caps (and all uniform k) is kept, each priced by the
+  cost model at its own shape, so every draft position's forward of the draft model counts.
+
+Expected tokens of a request drafting k: 1 + sum_{j<=k} prod_{m<=j} a(m), with a(m) = min(1, base
+* position[m]) as the simulator's executor draws them. Drafting and verifying are sequential (the
+scenario's main rows; overlap is the ablation). Prefill is left out: no length policy changes it.
+The oracle's tokens/s over the strongest of the other three bounds what per-request control can
+add to a decode step; mean latency over the day and saturation throughput move by no more.
+
+    python scripts/faser_headroom.py --json docs/results/faser_headroom.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from statistics import fmean
+
+from tandem.config import SpecConfig
+from tandem.sim.cost import make_cost_model
+from tandem.sim.cost.base import StepShape
+from tandem.sim.scenarios.faser import MAX_K, PUBLISHED_ACCEPTANCE
+from tandem.sim.workload import DEFAULT_KINDS
+
+
+def survival(base: float, position: list[float], k: int) -> list[float]:
+    out, s = [], 1.0
+    for m in range(k):
+        s *= min(1.0, base * position[min(m, len(position) - 1)])
+        out.append(s)
+    return out
+
+
+def shape(ks: list[int], context: int) -> StepShape:
+    n = [1 + k for k in ks]
+    rows = [sum(1 for k in ks if k > p) for p in range(max(ks, default=0))]
+    return StepShape(num_seqs=len(ks), num_tokens=sum(n), num_logit_rows=sum(n), num_prefill_tokens=0,
+                     context_tokens=sum(context + x for x in n),
+                     attention_pairs=sum(x * context + x * (x + 1) // 2 for x in n),
+                     draft_rows=tuple(rows), draft_context_tokens=sum(context + 1 for k in ks if k))
+
+
+def table_k(b: int) -> int:
+    k = 0
+    for min_b, length in sorted(SpecConfig().length_table):
+        if b >= min_b:
+            k = length
+    return k
+
+
+def one_batch(b: int, context: int, rng: random.Random, plain, spec) -> dict[str, float]:
+    kinds = list(DEFAULT_KINDS)
+    weights = [DEFAULT_KINDS[k]["weight"] for k in kinds]
+    surv = []
+    for _ in range(b):
+        acc = PUBLISHED_ACCEPTANCE[rng.choices(kinds, weights)[0]]
+        surv.append(survival(rng.betavariate(*acc["beta"]), acc["position"], MAX_K))
+
+    def tok_s(ks: list[int]) -> float:
+        tokens = sum(1 + sum(s[:k]) for s, k in zip(surv, ks))
+        return tokens / spec.step_time_s(shape(ks, context))
+
+    out = {"no-sd": b / plain.step_time_s(shape([0] * b, context))}
+    uniform = {k: tok_s([k] * b) for k in range(MAX_K + 1)}
+    best_k = max(uniform, key=uniform.get)
+    out.update({"best-uniform": uniform[best_k], "best-uniform-k": best_k, "table": uniform[table_k(b)]})
+    best = max(uniform.values())
+    for depth in range(1, MAX_K + 1):          # every cap on the depth: each position is a draft forward
+        slots = sorted(((s[p], i) for i, s in enumerate(surv) for p in range(depth)), reverse=True)
+        ks = [0] * b
+        for _, i in slots:
+            ks[i] += 1
+            best = max(best, tok_s(ks))
+    out["oracle"] = best
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
+    ap.add_argument("--context", type=int, default=600, help="KV tokens per sequence (default 600)")
+    ap.add_argument("--draws", type=int, default=20, help="random batches per size (default 20)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    plain = make_cost_model("H100-80GB", "qwen3-32b", num_gpus=2)
+    spec = make_cost_model("H100-80GB", "qwen3-32b", "qwen3-0.6b", num_gpus=2)
+    rng = random.Random(args.seed)
+    rows = []
+    print("    B    no-sd  best-k (k)    table   oracle  oracle/strongest")
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        draws = [one_batch(b, args.context, rng, plain, spec) for _ in range(args.draws)]
+        row = {"batch": b, **{k: fmean(d[k] for d in draws) for k in ("no-sd", "best-uniform", "table", "oracle")},
+               "best_uniform_k": max(set(d["best-uniform-k"] for d in draws),
+                                     key=[d["best-uniform-k"] for d in draws].count)}
+        row["oracle_vs_strongest"] = row["oracle"] / max(row["no-sd"], row["best-uniform"], row["table"])
+        rows.append(row)
+        print(f"{b:5d} {row['no-sd']:8.0f} {row['best-uniform']:8.0f} ({row['best_uniform_k']}) {row['table']:8.0f} "
+              f"{row['oracle']:8.0f}  {row['oracle_vs_strongest']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "context": args.context, "draws": args.draws,
+                       "seed": args.seed, "unit": "decode tokens/s", "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
