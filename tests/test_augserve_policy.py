@@ -12,6 +12,7 @@ from tandem.kv import KVCacheManager
 from tandem.sampling_params import SamplingParams
 from tandem.sched.budget import DynamicBudget
 from tandem.sched.cost_model import StepCostModel
+from tandem.sched.ordering import AugServeOrdering
 from tandem.sched.policies import make_policy
 from tandem.sched.predictor import OutputLengthPredictor, ToolStats
 from tandem.sched.scheduler import Scheduler
@@ -124,10 +125,9 @@ def test_anti_starvation_bounds_the_wait_of_a_long_request():
 
 
 def test_stage1_ranks_by_engine_service_time_not_tool_wall_time():
-    """A chat request whose one tool call is a 40 s human turn needs less of the engine than a
-    request with a long output; Stage I ranks it first. The tool's returned tokens (prefill the
-    engine must do) still count, and a weight of 1 restores wall-time ranking."""
-    from tandem.sched.ordering import AugServeOrdering
+    """A chat request whose one tool call is a 40 s human turn needs less of the engine than one
+    whose tool returns 2,000 tokens to prefill; Stage I ranks it first. Returned tokens still
+    count, and a weight of 1 restores wall-time ranking."""
     tools = ToolStats(alpha=1.0)
     tools.observe_call("chatbot", 40.0, 20)
     tools.observe_finish("chatbot", 1)

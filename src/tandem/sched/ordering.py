@@ -79,10 +79,10 @@ class AugServeOrdering:
     while a request waits on a tool it holds no compute, and neither the SLO (normalized latency
     excludes tool time, TTFT ends before the first call) nor goodput's duration depends on it, so
     ranking a chat request with a 37 s human turn behind every short one only made it miss its
-    TTFT. Measured on traces never used for tuning (docs/benchmarks.md, docs/simulator.md):
-    weight 0 against 1 raised augserve from 0.54 to 0.73 req/s on the engine (Zen 4, seed 13) and
-    from 1.20 to 1.95 req/s at 3x capacity on the H100 in the simulator (seed 2). The predicted
-    duration still decides what a pause does with its KV (`MinWaste`)."""
+    TTFT. Chosen on held-out traces (docs/benchmarks.md, docs/simulator.md): weight 0 against 1
+    raised augserve from 0.54 to 0.73 req/s on the engine (Zen 4, trace seed 13) and from 1.20 to
+    1.95 req/s at 3x capacity on the H100 in the simulator (seed 2). The predicted duration still
+    decides what a pause does with its KV (`MinWaste`)."""
 
     def __init__(self, lengths: OutputLengthPredictor, tools: ToolStats, stage2: bool = True,
                  max_wait_s: float = 30.0, aging: float = 0.0, decode_token_s: float = 0.03,
