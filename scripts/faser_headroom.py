@@ -33,10 +33,13 @@ import sys
 from statistics import fmean
 
 from tandem.config import SpecConfig
+from tandem.sampling_params import SamplingParams
+from tandem.sched.spec_length import BatchSizeTable
 from tandem.sim.cost import make_cost_model
-from tandem.sim.cost.base import StepShape
+from tandem.sim.cost.base import StepShape, shape_of
 from tandem.sim.scenarios.faser import MAX_K, PUBLISHED_ACCEPTANCE
 from tandem.sim.workload import DEFAULT_KINDS
+from tandem.types import ScheduledSeq, StepPlan
 
 
 def survival(base: float, position: list[float], k: int) -> list[float]:
@@ -47,26 +50,26 @@ def survival(base: float, position: list[float], k: int) -> list[float]:
     return out
 
 
-def shape(ks: list[int], context: int) -> StepShape:
-    n = [1 + k for k in ks]
-    rows = [sum(1 for k in ks if k > p) for p in range(max(ks, default=0))]
-    return StepShape(num_seqs=len(ks), num_tokens=sum(n), num_logit_rows=sum(n), num_prefill_tokens=0,
-                     context_tokens=sum(context + x for x in n),
-                     attention_pairs=sum(x * context + x * (x + 1) // 2 for x in n),
-                     draft_rows=tuple(rows), draft_context_tokens=sum(context + 1 for k in ks if k))
+def decode_plan(b: int, context: int) -> StepPlan:
+    """A decode step of b sequences: one committed token each after `context` KV tokens."""
+    sp = SamplingParams()
+    return StepPlan([ScheduledSeq(str(i), [0], context, [], True, sp, 0) for i in range(b)])
+
+
+def shape(plan: StepPlan, ks: list[int]) -> StepShape:
+    """The plan's shape with sequence i drafting ks[i] tokens."""
+    return shape_of(plan, {s.request_id: k for s, k in zip(plan.seqs, ks)})
 
 
 def table_k(b: int) -> int:
-    k = 0
-    for min_b, length in sorted(SpecConfig().length_table):
-        if b >= min_b:
-            k = length
-    return k
+    """vLLM's table at decode batch size b (a fresh table: no hysteresis history)."""
+    return BatchSizeTable(SpecConfig().length_table).choose([None] * b, [MAX_K] * b, 0)[0]
 
 
 def one_batch(b: int, context: int, rng: random.Random, plain, spec) -> dict[str, float]:
     kinds = list(DEFAULT_KINDS)
     weights = [DEFAULT_KINDS[k]["weight"] for k in kinds]
+    plan = decode_plan(b, context)
     surv = []
     for _ in range(b):
         acc = PUBLISHED_ACCEPTANCE[rng.choices(kinds, weights)[0]]
@@ -74,15 +77,15 @@ def one_batch(b: int, context: int, rng: random.Random, plain, spec) -> dict[str
 
     def tok_s(ks: list[int], overlap: bool = False) -> float:
         tokens = sum(1 + sum(s[:k]) for s, k in zip(surv, ks))
-        sh = shape(ks, context)
+        sh = shape(plan, ks)
         return tokens / (spec.concurrent_time_s(sh, True, sh) if overlap else spec.step_time_s(sh))
 
-    out = {"no-sd": b / plain.step_time_s(shape([0] * b, context))}
+    out = {"no-sd": b / plain.step_time_s(shape(plan, [0] * b))}
     uniform = {k: tok_s([k] * b) for k in range(MAX_K + 1)}
     best_k = max(uniform, key=uniform.get)
     out.update({"best-uniform": uniform[best_k], "best-uniform-k": best_k, "table": uniform[table_k(b)]})
     for overlap in (False, True):
-        best = max(tok_s([k] * b, overlap) for k in range(MAX_K + 1))
+        best = max(tok_s([k] * b, True) for k in range(MAX_K + 1)) if overlap else uniform[best_k]
         for depth in range(1, MAX_K + 1):      # every cap on the depth: each position is a draft forward
             slots = sorted(((s[p], i) for i, s in enumerate(surv) for p in range(depth)), reverse=True)
             ks = [0] * b
