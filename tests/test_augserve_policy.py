@@ -68,6 +68,45 @@ def test_dynamic_budget_follows_free_memory_and_paused_kv():
     assert b.tokens(500, 1000, num_paused_blocks=400) < b.tokens(500, 1000)
 
 
+def test_the_dynamic_budget_bounds_admissions_not_the_running_requests_prefill():
+    """Memory tight: the budget is down to 25 tokens. A running request's prefill (here a prompt;
+    after a tool call, its result or a recomputed context) still gets the full 64: slowed down, it
+    held its memory longer, which kept the budget down (the loop that tipped runs into a slow
+    state). New arrivals are admitted only within the small budget, and within what the running
+    requests leave of the full one."""
+    from tandem.sched.tool_policy import FixedAction
+
+    c = cost()
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=320),
+                      KVCacheManager(20, 16, enable_prefix_caching=False), make_policy("augserve", 64, c),
+                      cost=c)
+    sched.pauses.policy = FixedAction(KVAction.PRESERVE)
+    sched.add_request(Request("hog", [7] * 160, SamplingParams(max_tokens=9, ignore_eos=True)))
+    while not sched.requests["hog"].num_output_tokens:    # 160 tokens (10 blocks), then a tool call
+        plan = sched.schedule(0.0)
+        sched.update(plan, StepResult({s.request_id: [1] for s in plan.seqs if s.sample}), 0.0)
+    sched.pause_request("hog", 0.0, expected_s=5.0)
+    assert sched.pauses.num_held_blocks == 10 and sched.kv.num_free_blocks == 10
+    assert sched.budget.tokens(10, 20, 10) == 40
+    sched.add_request(Request("big", [7] * 120, SamplingParams(max_tokens=4, ignore_eos=True)))
+    plan = sched.schedule(0.1)
+    assert [(s.request_id, s.num_tokens) for s in plan.seqs] == [("big", 40)]      # admitted within 40
+    sched.update(plan, StepResult({}), 0.1)
+    assert sched.budget.tokens(sched.kv.num_free_blocks, 20, 10) == 25
+    sched.add_request(Request("new", [7] * 16, SamplingParams(max_tokens=4, ignore_eos=True)))
+    plan = sched.schedule(0.2)
+    assert [(s.request_id, s.num_tokens) for s in plan.seqs] == [("big", 64)]
+    trace = []
+    sched.trace = trace
+    sched.update(plan, StepResult({}), 0.2)
+    plan = sched.schedule(0.3)
+    assert [(s.request_id, s.num_tokens) for s in plan.seqs] == [("big", 16), ("new", 16)]   # floor: 16
+    row = trace[0]
+    assert (row.budget, row.num_tokens, row.num_seqs, row.num_prefill_tokens) == (16, 32, 2, 32)
+    assert (row.num_running, row.num_waiting, row.num_paused, row.queue) == (2, 0, 1, [])
+    assert (row.num_free_blocks, row.num_paused_held_blocks, row.num_waiting_kept_blocks) == (1, 10, 0)
+
+
 class Echo:
     """Fake executor: one token per sampled seq."""
 

@@ -73,6 +73,27 @@ def test_same_seed_same_results_and_another_seed_differs():
     assert a.summary["completed"] == 60 and a.summary["spec"]["accepted_tokens"] > 0
 
 
+def test_step_jitter_slows_the_steps_it_hits_and_is_seeded():
+    """`step_jitter` (p, x): every step x times as long at p = 1; at p < 1 seeded, and a step that
+    it slows slows everything behind it."""
+    from tandem.sim.executor import SimExecutor
+
+    cost = make_cost_model("H100-80GB", "llama3-8b")
+    wl = build_workload(WorkloadSpec(dataset="augmented", num_requests=30, rate=4.0), 0)
+
+    def run(jitter):
+        sched = SchedulerConfig(max_num_batched_tokens=512, max_model_len=4096, policy="augserve")
+        return simulate(cost, SimConfig(scheduler=sched, step_jitter=jitter), wl)
+
+    calm, doubled, noisy, again = run((0.0, 1.0)), run((1.0, 2.0)), run((0.1, 10.0)), run((0.1, 10.0))
+    assert 1.3 * calm.counters["busy_s"] < noisy.counters["busy_s"] < 3 * calm.counters["busy_s"]
+    assert doubled.counters["busy_s"] > 1.5 * calm.counters["busy_s"]
+    assert noisy.summary == again.summary and noisy.counters == again.counters
+    assert noisy.summary["ttft_s"]["p99"] > calm.summary["ttft_s"]["p99"]
+    with pytest.raises(ValueError):
+        SimExecutor(cost, step_jitter=(1.5, 2.0))
+
+
 def test_workload_is_seeded_and_shaped():
     wl = WorkloadSpec(dataset="synthetic", arrival="diurnal", rate=5.0, num_requests=400,
                       peak_valley_ratio=35)

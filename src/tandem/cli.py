@@ -203,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Stage I predictor: train on a held-out trace (seed + 1000; default), start cold, "
                          "or a state from `tandem predictor train`")
     au.add_argument("--json", default=None)
+    au.add_argument("--step-trace", default=None, metavar="PATH",
+                    help="write every run's per-step scheduler trace here (JSON lines)")
+    au.add_argument("--stall", default=None, metavar="SECONDS@AT",
+                    help="disturb each run: stop stepping for SECONDS once it has lasted AT seconds")
     _model_args(au, block_size=16)      # the tiny caches of the memory-bound runs count 16-token blocks
     au.set_defaults(func=cmd_bench_augmented)
     add_simulate_parser(sub, subcommands=[add_calibrate_parser])
@@ -235,9 +239,20 @@ def cmd_bench_augmented(a: argparse.Namespace) -> int:
     predictor = None if a.predictor == "train" else {} if a.predictor == "cold" else _read_predictor(a.predictor)
     if predictor is False:
         return 2
+    stall = None
+    if a.stall:
+        try:
+            stall = tuple(float(x) for x in a.stall.split("@"))
+            if len(stall) != 2 or min(stall) < 0:
+                raise ValueError
+        except ValueError:
+            print(f"tandem: error: --stall wants SECONDS@AT, both >= 0 (e.g. 4@12), got {a.stall!r}",
+                  file=sys.stderr)
+            return 2
     llm = _make_llm(a, tools=True)
     data = bench_augmented(llm, policies, rates, a.num_requests, a.trace_seed, a.token_scale, a.time_scale,
-                           (a.slo_ttft, a.slo_norm_latency), a.repeats, a.json, predictor=predictor)
+                           (a.slo_ttft, a.slo_norm_latency), a.repeats, a.json, predictor=predictor,
+                           steps_path=a.step_trace, stall=stall)
     print(f"\n{'rate':>6} {'policy':<16} {'eff req/s':>9} {'SLO':>5} {'TTFT p50':>9} {'TTFT p99':>9}")
     for r in rates:
         for p in policies:

@@ -9,12 +9,17 @@ trace; runs interleave policies within each rate.
 SLO (a request "meets" it, for effective throughput): TTFT <= ttft_slo_s and normalized latency
 (end-to-end minus time spent in tools, per output token) <= norm_slo_s. Effective throughput =
 requests meeting the SLO / run duration (AugServe's metric). Also: TTFT p50/p99, normalized
-latency, KV actions taken, preemptions, and the output-length predictor's Kendall tau.
+latency, KV actions taken, preemptions, tokens recomputed, and the output-length predictor's
+Kendall tau. `steps_path` records every step's scheduler state (`StepTrace`); `stall` stops the
+engine once per run, to see whether a policy recovers from a disturbance.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -62,14 +67,20 @@ def train_predictor(tok, num_requests: int, seed: int, tokens: float, tool_time:
 
 
 def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], slo: tuple[float, float],
-               seed: int, trained: dict | None = None) -> dict[str, Any]:
+               seed: int, trained: dict | None = None, steps: list | None = None,
+               stall: tuple[float, float] | None = None) -> dict[str, Any]:
+    """`steps`: a list to record the run's scheduled steps in (`StepTrace`s, `t` from the run's start).
+    `stall` (seconds, at): once the run has lasted `at` s, the engine stops stepping for `seconds`
+    (a slow host, a GC pause) while arrivals and tool results pile up: a disturbance that a stable
+    scheduler absorbs and then recovers from."""
     eng, sched = llm.engine, llm.engine.scheduler
     sched.set_policy(policy, trained=trained)
+    sched.trace = steps
     rng = random.Random(seed)
     pending = list(trace)
     info: dict[str, tuple[AugmentedRequest, int]] = {}
     records, t0 = [], eng.clock()
-    preempt0 = sched.num_preemptions
+    preempt0, recompute0 = sched.num_preemptions, sched.num_recompute_tokens
     while pending or eng.has_unfinished_requests():
         now = eng.clock() - t0
         while pending and pending[0][0] <= now:
@@ -79,6 +90,10 @@ def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], sl
             rid = eng.add_request(prompt_token_ids=prompt_ids(llm.tokenizer, req, rng), params=params,
                                   tool_options=ToolOptions(script=script, key=req.type), arrival_time=t0 + now)
             info[rid] = (req, 0)
+        if stall is not None and now >= stall[1]:
+            time.sleep(stall[0])
+            stall = None
+            continue
         outs = eng.step()
         if not outs and not sched.has_work():
             wait = 0.05 if not pending else max(0.0, min(0.05, pending[0][0] - (eng.clock() - t0)))
@@ -87,7 +102,13 @@ def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], sl
             if o.finished:
                 records.append(_record(o, info.pop(o.request_id)[0], slo))
     duration = eng.clock() - t0
-    return _summary(policy, records, duration, sched.stats(), preempt0)
+    sched.trace = None
+    if steps is not None:
+        for s in steps:
+            s.t -= t0
+    summary = _summary(policy, records, duration, sched.stats(), preempt0)
+    summary["recompute_tokens"] = sched.num_recompute_tokens - recompute0
+    return summary
 
 
 def _record(out, req: AugmentedRequest, slo: tuple[float, float]) -> dict[str, Any]:
@@ -124,25 +145,37 @@ def _summary(policy: str, records: list[dict], duration: float, stats: Scheduler
 def bench_augmented(llm, policies: list[str], rates: list[float], num_requests: int, seed: int,
                     token_scale: float, time_scale: float, slo: tuple[float, float], repeats: int,
                     json_path: str | None, log=print, predictor: dict | None = None,
-                    train_requests: int = 2000) -> dict[str, Any]:
+                    train_requests: int = 2000, steps_path: str | None = None,
+                    stall: tuple[float, float] | None = None) -> dict[str, Any]:
     """`predictor`: a trained state the policies start from; None trains one on a held-out trace
-    (seed + 1000, `train_requests` requests); {} runs them cold."""
+    (seed + 1000, `train_requests` requests); {} runs them cold. `steps_path`: write every run's
+    per-step trace there (JSON lines: rate, repeat, policy and its `StepTrace`s). `stall`: see
+    `run_policy`."""
     if predictor is None:
         predictor = train_predictor(llm.tokenizer, train_requests, seed + 1000, token_scale, time_scale)
         log(f"Stage I predictor trained on {predictor['trained_on']}")
     results: dict[str, dict[str, list]] = {str(r): {p: [] for p in policies} for r in rates}
+    traced = False
     for rep in range(repeats):
         for rate in rates:
             trace = make_trace(num_requests, rate, seed + rep, token_scale, time_scale)
             for p in policies:
-                res = run_policy(llm, p, trace, slo, seed, predictor or None)
+                steps: list | None = [] if steps_path else None
+                res = run_policy(llm, p, trace, slo, seed, predictor or None, steps, stall)
                 results[str(rate)][p].append(res)
+                if steps is not None:
+                    with open(steps_path, "a" if traced else "w") as f:
+                        f.write(json.dumps({"rate": rate, "repeat": rep, "policy": p,
+                                            "steps": [dataclasses.asdict(s) for s in steps]}) + "\n")
+                    traced = True
                 log(f"[{rep + 1}/{repeats}] rate {rate:<5} {p:<16} eff {res['effective_throughput_rps']:.3f} req/s "
                     f"(SLO {res['slo_attainment']:.0%}), TTFT p50 {res['ttft_p50_s']:.2f}s p99 {res['ttft_p99_s']:.2f}s, "
-                    f"pauses {res['kv_actions']}, kept KV discarded {res['kept_kv_discarded']}")
+                    f"pauses {res['kv_actions']}, kept KV discarded {res['kept_kv_discarded']}, "
+                    f"recomputed {res['recompute_tokens']} tokens")
     data = {"bench": "augmented", "machine": machine_info(), "policies": policies, "rates": rates,
             "num_requests": num_requests, "token_scale": token_scale, "time_scale": time_scale,
             "slo": {"ttft_s": slo[0], "norm_latency_s_per_token": slo[1]},
-            "predictor": predictor.get("trained_on") if predictor else None, "results": results}
+            "predictor": predictor.get("trained_on") if predictor else None,
+            "stall": {"seconds": stall[0], "at_s": stall[1]} if stall else None, "results": results}
     write_json(json_path, data)
     return data

@@ -70,6 +70,7 @@ class EngineStats:
     num_paused_kv_tokens: int = 0          # device KV (tokens of whole blocks) held by tool-paused requests
     kv_actions: dict[str, int] = field(default_factory=dict)   # tool pauses by KV action
     num_discarded_kept: int = 0            # KV that waiting or paused requests kept, freed to make room
+    num_recompute_tokens: int = 0          # computed tokens whose KV was freed (recomputed later)
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,20 @@
 `StaticBudget` is vLLM's fixed `max_num_batched_tokens`. `DynamicBudget` is AugServe's: the limit
 follows free KV memory and the memory held by paused requests, within [min, max]. With plenty of
 free memory a large budget admits new prefills quickly; as memory fills (or paused requests hold
-KV they will need to grow when they resume), the budget shrinks so that steps stay short for the
-running decodes and admissions do not run the cache into preemptions. `TpotGuard` caps whichever
-budget is in force so that running requests' mean time per output token holds a target while
-prompts are prefilled (`SchedulerConfig.target_tpot_s`, `--target-tpot-ms`).
+KV they will need to grow when they resume), the budget shrinks so that admissions do not run the
+cache into preemptions.
+
+The scheduler applies a budget's `tokens()` to the whole step, running requests and admissions
+together, except for a budget that says `admissions_only`: then running requests get `max_tokens`
+and `tokens()` bounds the tokens of the requests the step admits. A dynamic budget must be of that
+kind.
+Applied to running requests, it closes a loop that tips a server into a slow state that outlasts
+its cause (docs/benchmarks.md, AugServe's stability): full memory -> a small budget -> the running
+requests' prefill chunks (tool results, recomputed contexts) advance a few tokens per step, and each
+step still reads all the weights -> they hold their memory longer -> memory stays full.
+
+`TpotGuard` caps whichever budget is in force so that running requests' mean time per output
+token holds a target while prompts are prefilled (`SchedulerConfig.target_tpot_s`, `--target-tpot-ms`).
 """
 
 from __future__ import annotations
@@ -15,20 +25,28 @@ from typing import Protocol
 
 
 class TokenBudget(Protocol):
+    max_tokens: int
+    admissions_only: bool       # tokens() bounds admissions; running requests get max_tokens
+
     def tokens(self, num_free_blocks: int, num_total_blocks: int, num_paused_blocks: int = 0) -> int:
         """Tokens the next step may compute."""
         ...
 
 
 class StaticBudget:
+    admissions_only = False
+
     def __init__(self, max_num_batched_tokens: int) -> None:
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_tokens = max_num_batched_tokens
 
     def tokens(self, num_free_blocks: int, num_total_blocks: int, num_paused_blocks: int = 0) -> int:
         return self.max_num_batched_tokens
 
 
 class DynamicBudget:
+    admissions_only = True      # running requests drain at max_tokens (see the module's docstring)
+
     def __init__(self, min_tokens: int, max_tokens: int, full_at_free: float = 0.5, paused_weight: float = 0.5) -> None:
         if not 1 <= min_tokens <= max_tokens:
             raise ValueError(f"need 1 <= min_tokens <= max_tokens, got {min_tokens}, {max_tokens}")

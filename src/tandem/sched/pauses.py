@@ -31,6 +31,7 @@ class PauseBook:
         self._swapped_this_step = 0
         self.num_actions = {a: 0 for a in KVAction}
         self.num_discarded_kept = 0         # kept KV taken back (waiting or paused requests)
+        self.num_recompute_tokens = 0       # computed tokens whose KV was freed here (recomputed later)
 
     @property
     def num_held_blocks(self) -> int:
@@ -52,6 +53,7 @@ class PauseBook:
             self.mark_released(r)
         elif action is KVAction.DISCARD:
             self.kv.free(r)
+            self.num_recompute_tokens += r.num_computed_tokens
             r.num_computed_tokens = 0
             self.mark_released(r)
         else:
@@ -105,10 +107,9 @@ class PauseBook:
 
     def evict(self, r: Request) -> None:
         """Free r's device KV, which it kept through a tool call: it is recomputed when r runs.
-        Swapping it out instead (priced lower by InferCept's terms) cost AugServe 2-10% of its
-        effective throughput at every overloaded point of the simulator's scenario (2026-12-03,
-        docs/simulator.md), though it gained 5-13% in single runs on three traces on the CPU engine."""
+        (Swapping it out instead was measured and lost in the simulator: docs/simulator.md.)"""
         self.kv.free(r)
+        self.num_recompute_tokens += r.num_computed_tokens
         r.num_computed_tokens = 0
         self.num_discarded_kept += 1
         self.mark_released(r)

@@ -30,12 +30,11 @@ class SchedulingPolicy:
     pause: KVPausePolicy
     lengths: OutputLengthPredictor = field(default_factory=OutputLengthPredictor)
     tools: ToolStats = field(default_factory=ToolStats)
-    # While requests run and the head of the queue does not fit, free the KV that lower-ranked
-    # waiting requests kept across tool calls (AugServe: its orderings rank a request that kept
-    # its KV by what is left to do, often below newer ones, and then that KV blocks the head).
-    # FCFS policies wait for running requests to finish instead (their kept-KV requests are old
-    # and near the head; freeing cost InferCept 18% at 2x capacity on the A100).
-    reclaim_kept_kv: bool = False
+    # When the head of the queue waits for free blocks while requests run, admit past it the waiting
+    # requests that kept their KV across a tool call (AugServe: its orderings rank such a request by
+    # what it has left to do, often below newer ones; held back, its KV blocks the head). FCFS
+    # policies stop at the head (their kept-KV requests are old and near it).
+    kept_kv_passes: bool = False
 
 
 def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swap_s_per_token: float = 5e-6,
@@ -60,4 +59,4 @@ def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swa
     if name == "augserve":
         low = min(max_num_batched_tokens, min_budget_tokens or max(16, max_num_batched_tokens // 8))
         budget = DynamicBudget(low, max_num_batched_tokens)
-    return SchedulingPolicy(name, ordering, budget, min_waste, lengths, tools, reclaim_kept_kv=True)
+    return SchedulingPolicy(name, ordering, budget, min_waste, lengths, tools, kept_kv_passes=True)

@@ -12,7 +12,7 @@ With a TPOT target (`config.target_tpot_s`) a `TpotGuard` lowers the step's budg
 run, so that prefill chunks spend only the slack their mean time per output token leaves.
 Draft lengths (FASER) come from the draft-length policy and are charged to the budget. A tool
 call pauses a request (`pause_request`); the scheduling policy decides what happens to its KV and,
-with AugServe, the order of admission and the step's token budget (see policies.py).
+with AugServe, the order of admission and the token budget of admissions (see policies.py, budget.py).
 
 This module owns the request state machine. It knows nothing of torch, tokenizers or wall time.
 """
@@ -34,6 +34,7 @@ from tandem.sched.policies import SchedulingPolicy, make_policy
 from tandem.sched.preemption import choose_victim
 from tandem.sched.spec_length import DraftLengthPolicy
 from tandem.sched.speculation import DraftBook, Speculation
+from tandem.sched.trace import snapshot, trace_row
 from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SchedulerStats, SeqUpdate,
                           SpecStats, StepPlan, StepResult)
 
@@ -69,6 +70,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0
         self.num_scheduled_tokens = 0     # tokens computed over the scheduler's life (prefill + decode)
+        self._num_preempted_tokens = 0    # computed tokens freed by preemption (recomputed later)
+        self.trace: list | None = None    # set a list to record a StepTrace per step (sched/trace.py)
 
     def reconfigure_speculation(self, speculation: Speculation | None) -> None:
         """Switch the draft-length side (None: off) and start its counters afresh. Only while no
@@ -144,17 +147,12 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         """A snapshot of the scheduler's and its KV manager's counters (what engines report)."""
-        kv = self.kv
-        return SchedulerStats(
-            num_running=len(self.running), num_waiting=len(self.waiting), num_paused=self.pauses.num_paused,
-            num_paused_kv_tokens=self.pauses.num_held_blocks * kv.block_size,
-            kv_actions={a.value: n for a, n in self.pauses.num_actions.items()},
-            num_discarded_kept=self.pauses.num_discarded_kept,
-            num_preemptions=self.num_preemptions, num_steps=self.num_steps, kv_usage=kv.usage,
-            num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
-            prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens,
-            spec_num_drafts=self.spec_stats.num_steps, spec_num_draft_tokens=self.spec_stats.num_draft_tokens,
-            spec_num_accepted_tokens=self.spec_stats.num_accepted_tokens)
+        return snapshot(self)
+
+    @property
+    def num_recompute_tokens(self) -> int:
+        """Computed tokens whose KV was freed (preempted, discarded at a pause, reclaimed): done twice."""
+        return self._num_preempted_tokens + self.pauses.num_recompute_tokens
 
     def pending_prefill_tokens(self) -> int:
         """Context tokens still to prefill: the waiting requests' whole contexts and the rest of
@@ -212,18 +210,22 @@ class Scheduler:
         self.ordering.observe_memory(self.kv.usage)
         if self.ordering.dynamic:
             self.waiting.sort(key=lambda r: self.ordering.key(r, now))
-        budget = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks, self.pauses.num_held_blocks)
+        limit = self.budget.tokens(self.kv.num_free_blocks, self.kv.num_blocks, self.pauses.num_held_blocks)
+        step = self.budget.max_tokens if self.budget.admissions_only else limit
         if self.tpot_guard is not None:
             num_decodes = sum(1 for r in self.running if r.times.first_token is not None)
             self._step_had_decodes = num_decodes > 0
-            budget = self.tpot_guard.cap(budget, num_decodes, self._oldest_first_token_wait(now))
+            step = self.tpot_guard.cap(step, num_decodes, self._oldest_first_token_wait(now))
         plan = StepPlan(swap_out=self.pauses.take_swap_outs())
-        budget = self._schedule_running(plan, budget, now)
+        budget = self._schedule_running(plan, step, now)
         drafted = self.drafts.assign(plan, self.requests, budget)
         self.num_scheduled_tokens += drafted
         budget -= drafted
+        admit = min(budget, limit)          # (= budget unless admissions_only: then limit caps admissions)
         if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
-            self._schedule_waiting(plan, budget, now)
+            self._schedule_waiting(plan, admit, now)
+        if self.trace is not None:
+            self.trace.append(trace_row(self, plan, now, limit))
         plan.released_ids = self.pauses.take_released()
         self.kv.end_step()
         self.pauses.end_step()
@@ -261,8 +263,12 @@ class Scheduler:
     def _schedule_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
         self._starved &= {r.request_id for r in self.running}
         i = 0                                   # the next candidate
+        blocked = False                         # a higher-ranked request waits for free blocks
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[i]
+            if blocked and not self.kv.num_blocks_of(request.request_id):
+                i += 1                          # only requests that hold their KV pass a blocked head
+                continue
             cap = self.ordering.starving_slots(len(self.running), request, now)
             if cap is not None and len(self._starved) >= cap:
                 i += 1                          # starving requests hold their share of the batch
@@ -280,8 +286,12 @@ class Scheduler:
             # the blocks swap_in will take (adding num_swapped_blocks would count them twice).
             need = self.kv.num_blocks_to_take(request, num_new, computed_blocks)
             if need + watermark > self.kv.num_free_blocks:
-                if not self._release_kv_for(request, need + watermark - self.kv.num_free_blocks):
+                if self._release_kv_for(request):
+                    continue
+                if not (self.policy.kept_kv_passes and self.running):
                     break
+                blocked = True
+                i += 1
                 continue
             self.waiting.pop(i)
             if cap is not None:
@@ -298,22 +308,15 @@ class Scheduler:
             self._add_to_plan(plan, request, num_new)
             budget -= num_new
 
-    def _release_kv_for(self, head: Request, deficit: int) -> bool:
-        """The head of the queue lacks `deficit` free blocks. If nothing runs, free KV that paused
-        requests preserve or lower-ranked waiting requests kept across their tool calls (they
-        are recomputed when they run): otherwise requests that resumed with kept KV could fill
-        the cache while the head waits for it forever. While requests run, and the policy says
-        so (`reclaim_kept_kv`), free lower-ranked waiting requests' kept KV if that makes the
-        head fit. Without it, AugServe's orderings, which rank requests that kept their KV below
-        newer ones, let that KV fill the cache while the head waits and only a few requests run
-        (at 2x capacity on the H100 preset: 94% of the KV kept by waiting requests, ~3 running,
-        the run 3.4x longer)."""
-        if not self.running:
-            return self.pauses.discard_preserved() or self.pauses.evict_waiting(self.waiting, exclude=head)
-        if not self.policy.reclaim_kept_kv:
+    def _release_kv_for(self, head: Request) -> bool:
+        """The head lacks free blocks. If nothing runs, free KV that paused requests preserve or
+        lower-ranked waiting ones kept (recomputed when they run), or the head waits forever. While
+        requests run, never: the recompute takes the memory back, and under pressure each reclaim
+        brought on the next (docs/benchmarks.md, AugServe's stability); with `kept_kv_passes` the
+        requests that kept KV run past the head instead and free it by finishing."""
+        if self.running:
             return False
-        kept = sum(self.kv.num_blocks_of(r.request_id) for r in self.waiting if r is not head)
-        return kept >= deficit and self.pauses.evict_waiting(self.waiting, exclude=head)
+        return self.pauses.discard_preserved() or self.pauses.evict_waiting(self.waiting, exclude=head)
 
     def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int) -> None:
         start = request.num_computed_tokens
@@ -334,6 +337,7 @@ class Scheduler:
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         self.running.remove(request)
         self.kv.free(request)
+        self._num_preempted_tokens += request.num_computed_tokens
         request.num_computed_tokens = 0
         request.num_draft_seen = 0                # the runner drops its proposer state too
         request.num_preemptions += 1

@@ -37,6 +37,7 @@ class SimConfig:
     tool_time_hint: str = "oracle"
     seed_step_cost: bool = True
     predictor: dict | None = None       # trained predictor state the policies start from (make_policy)
+    step_jitter: tuple[float, float] = (0.0, 1.0)   # (p, x): a step takes x times as long with probability p
 
     def __post_init__(self) -> None:
         if self.tool_time_hint not in TOOL_TIME_HINTS:

@@ -47,6 +47,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction,
                    help="augserve: MODEL@HARDWARE,... (default: llama3-8b and llama2-13b on A100-80GB "
                         "and H100-80GB)")
     s.add_argument("--policies", default=None, help="augserve: scheduling policies to compare")
+    s.add_argument("--step-jitter", default=None, metavar="P:X",
+                   help="augserve: each step takes X times as long with probability P (default: none)")
     s.add_argument("--predictor", default=None, metavar="PATH",
                    help="augserve: Stage I predictor state (`tandem predictor train`; default: train on seed + 1)")
     s.add_argument("--replicas", default=None, help="cluster: replica counts, e.g. 8,16,64")
@@ -69,6 +71,17 @@ def add_simulate_parser(sub: argparse._SubParsersAction,
     p.add_argument("--model", dest="speed_model", default="llama3-8b")
     p.set_defaults(func=cmd_speed)
     return s
+
+
+def _jitter(text: str) -> tuple[float, float]:
+    """--step-jitter P:X -> (P, X), checked."""
+    try:
+        p, x = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--step-jitter wants P:X (e.g. 0.05:5), got {text!r}") from None
+    if not (0.0 <= p <= 1.0 and x > 0):
+        raise ValueError(f"--step-jitter needs 0 <= P <= 1 and X > 0, got {text!r}")
+    return p, x
 
 
 def _log(msg: str) -> None:
@@ -109,6 +122,8 @@ def _run_scenario(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
             opts.deployments = tuple(tuple(d.split("@")) for d in a.deployments.split(","))
         if a.policies:
             opts.policies = tuple(a.policies.split(","))
+        if a.step_jitter:
+            opts.step_jitter = _jitter(a.step_jitter)
         if a.predictor:
             from tandem.sim.predictor import check
 

@@ -75,7 +75,10 @@ class _SimSeq:
 
 class SimExecutor:
     def __init__(self, cost: CostModel, seed: int = 0, position_decay: float = 0.97, frontier_size: int = 0,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, step_jitter: tuple[float, float] = (0.0, 1.0)) -> None:
+        """`step_jitter` (p, x): each step takes x times its modelled time with probability p (a
+        noisy neighbour, a GC pause, a slow host), drawn from an RNG of its own so that draft
+        outcomes do not change; (0, 1): none."""
         if overlap and frontier_size < 1:
             raise ValueError("overlap drafts frontier f+1 while frontier f is verified: set frontier_size >= 1")
         self.cost = cost
@@ -84,6 +87,10 @@ class SimExecutor:
         self.frontier_size = frontier_size
         self.overlap = overlap
         self._requests: dict[str, _SimSeq] = {}
+        if not (0.0 <= step_jitter[0] <= 1.0 and step_jitter[1] > 0):
+            raise ValueError(f"step_jitter needs 0 <= p <= 1 and x > 0, got {step_jitter}")
+        self.step_jitter = step_jitter
+        self._jitter_rng = random.Random(f"{seed}:jitter")
         self.last_duration_s = 0.0
         self.busy_s = 0.0                  # virtual seconds spent in steps
 
@@ -121,6 +128,9 @@ class SimExecutor:
         else:
             compute = self.cost.step_time_s(shape)
             self._report_drafting(result, shape)
+        p, x = self.step_jitter
+        if p and self._jitter_rng.random() < p:
+            compute *= x
         duration = compute + self.cost.swap_time_s(shape.num_swap_blocks)
         self.last_duration_s = duration
         self.busy_s += duration

@@ -52,7 +52,7 @@ def simulate(cost: CostModel, cfg: SimConfig, requests: list[SimRequest], slo: S
     scheduler = build_scheduler(cfg, cost, dep)
     spec = cfg.spec
     executor = SimExecutor(cost, cfg.seed, cfg.position_decay, spec.frontier_size if spec else 0,
-                           spec.overlap if spec else False)
+                           spec.overlap if spec else False, cfg.step_jitter)
     engine = SimEngine(scheduler, executor, cfg, on_plan)
     wall = time.perf_counter()
     records = engine.run(requests)
@@ -60,6 +60,7 @@ def simulate(cost: CostModel, cfg: SimConfig, requests: list[SimRequest], slo: S
     stats = scheduler.stats()
     counters = {"steps": engine.num_steps, "preemptions": scheduler.num_preemptions,
                 "kv_actions": stats.kv_actions, "kept_kv_discarded": stats.num_discarded_kept,
+                "recompute_tokens": stats.num_recompute_tokens,
                 "busy_s": executor.busy_s, "virtual_end_s": engine.loop.now}
     speed = {"events": engine.loop.num_events, "wall_s": wall,
              "events_per_s": engine.loop.num_events / max(wall, 1e-9)}

@@ -47,6 +47,7 @@ class AugServeOptions:
     start_rate: float = 2.0
     predictor: dict[str, Any] | None = None   # trained predictor state (None: train on seed + 1)
     predictor_train_requests: int = 3000
+    step_jitter: tuple[float, float] = (0.0, 1.0)   # (p, x): steps x times as long with probability p
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -70,7 +71,7 @@ def run_deployment(model: str, hardware: str, opts: AugServeOptions, log: Log,
     cost = make_cost_model(hardware, model)
     slo = scale_slo(cost, opts.ttft_slo_s, opts.norm_latency_factor)
     base = SimConfig(scheduler=default_scheduler(), seed=opts.seed, tool_time_hint=opts.tool_time_hint,
-                     predictor=predictor)
+                     predictor=predictor, step_jitter=opts.step_jitter)
     wl = WorkloadSpec(dataset="augmented", arrival="poisson")
     log(f"{cost.deployment().description}; SLO {slo.as_dict()}")
     probe = WorkloadSpec(dataset="augmented", arrival="poisson", num_requests=opts.probe_requests)
