@@ -155,7 +155,8 @@ def bench_augmented(llm, policies: list[str], rates: list[float], num_requests: 
         predictor = train_predictor(llm.tokenizer, train_requests, seed + 1000, token_scale, time_scale)
         log(f"Stage I predictor trained on {predictor['trained_on']}")
     results: dict[str, dict[str, list]] = {str(r): {p: [] for p in policies} for r in rates}
-    traced = False
+    if steps_path:
+        open(steps_path, "w").close()               # each run appends its line below
     for rep in range(repeats):
         for rate in rates:
             trace = make_trace(num_requests, rate, seed + rep, token_scale, time_scale)
@@ -164,10 +165,9 @@ def bench_augmented(llm, policies: list[str], rates: list[float], num_requests: 
                 res = run_policy(llm, p, trace, slo, seed, predictor or None, steps, stall)
                 results[str(rate)][p].append(res)
                 if steps is not None:
-                    with open(steps_path, "a" if traced else "w") as f:
+                    with open(steps_path, "a") as f:
                         f.write(json.dumps({"rate": rate, "repeat": rep, "policy": p,
                                             "steps": [dataclasses.asdict(s) for s in steps]}) + "\n")
-                    traced = True
                 log(f"[{rep + 1}/{repeats}] rate {rate:<5} {p:<16} eff {res['effective_throughput_rps']:.3f} req/s "
                     f"(SLO {res['slo_attainment']:.0%}), TTFT p50 {res['ttft_p50_s']:.2f}s p99 {res['ttft_p99_s']:.2f}s, "
                     f"pauses {res['kv_actions']}, kept KV discarded {res['kept_kv_discarded']}, "

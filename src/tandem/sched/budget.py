@@ -9,8 +9,7 @@ cache into preemptions.
 The scheduler applies a budget's `tokens()` to the whole step, running requests and admissions
 together, except for a budget that says `admissions_only`: then running requests get `max_tokens`
 and `tokens()` bounds the tokens of the requests the step admits. A dynamic budget must be of that
-kind.
-Applied to running requests, it closes a loop that tips a server into a slow state that outlasts
+kind: applied to running requests, it closes a loop that tips a server into a slow state that outlasts
 its cause (docs/benchmarks.md, AugServe's stability): full memory -> a small budget -> the running
 requests' prefill chunks (tool results, recomputed contexts) advance a few tokens per step, and each
 step still reads all the weights -> they hold their memory longer -> memory stays full.
@@ -37,11 +36,10 @@ class StaticBudget:
     admissions_only = False
 
     def __init__(self, max_num_batched_tokens: int) -> None:
-        self.max_num_batched_tokens = max_num_batched_tokens
         self.max_tokens = max_num_batched_tokens
 
     def tokens(self, num_free_blocks: int, num_total_blocks: int, num_paused_blocks: int = 0) -> int:
-        return self.max_num_batched_tokens
+        return self.max_tokens
 
 
 class DynamicBudget:
