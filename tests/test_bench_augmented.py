@@ -1,12 +1,14 @@
 """`tandem bench augmented` on a tiny model: every request of the trace completes under each policy,
 the summary counts recomputed tokens, `--step-trace` writes one line of per-step scheduler state
-per run, and `--stall` stops the engine once in each run."""
+per run, `--stall` stops the engine once in each run, and TTFT counts from the trace's arrival."""
 
 from __future__ import annotations
 
 import json
 
-from tandem.bench.augmented import bench_augmented
+import pytest
+
+from tandem.bench.augmented import bench_augmented, make_trace
 from tandem.llm import LLM
 
 
@@ -27,6 +29,13 @@ def test_bench_augmented_completes_the_trace_and_writes_the_step_trace(tiny_llam
         assert all(0.0 <= a["t"] <= b["t"] for a, b in zip(rows, rows[1:]))
         assert rows[0]["t"] >= 0.3                      # the stall came first
         assert rows[-1]["num_waiting"] == 0 and len(rows[0]["queue"]) <= 8
+    # a request's clock starts at its trace arrival, not when the (stalled) loop got to submit it
+    arrivals = sorted(at for at, _ in make_trace(6, 20.0, 3, 0.05, 0.01))
+    for res in (data["results"]["20.0"][p][0] for p in ("infercept", "augserve")):
+        records = sorted(res["records"], key=lambda r: r["arrival_s"])
+        assert [r["arrival_s"] for r in records] == pytest.approx(arrivals, abs=1e-6)
+        assert all(r["arrival_s"] + r["ttft_s"] >= 0.3 for r in records)
+        assert len({r["request_id"] for r in records}) == 6
     written = json.loads((tmp_path / "out.json").read_text())
     assert written["results"]["20.0"]["augserve"][0]["num_requests"] == 6
     assert written["stall"] == {"seconds": 0.3, "at_s": 0.0}

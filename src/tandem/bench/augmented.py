@@ -3,8 +3,9 @@
 Workload: InferCept-style traces of the augmentation mixture (workload/augmented.py), replayed in
 scripted mode: each request generates its segments' tokens (greedy, EOS ignored), pauses for the
 trace's tool time and resumes with the trace's number of returned tokens, exactly where the trace
-says. Arrivals: Poisson at each given rate, open loop, in real time. Every policy replays the same
-trace; runs interleave policies within each rate.
+says. Arrivals: Poisson at each given rate, open loop, in real time; a request's clock starts at its
+trace arrival time, even if a running step delays its submission (as a server would have received
+it). Every policy replays the same trace; runs interleave policies within each rate.
 
 SLO (a request "meets" it, for effective throughput): TTFT <= ttft_slo_s and normalized latency
 (end-to-end minus time spent in tools, per output token) <= norm_slo_s. Effective throughput =
@@ -84,11 +85,11 @@ def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], sl
     while pending or eng.has_unfinished_requests():
         now = eng.clock() - t0
         while pending and pending[0][0] <= now:
-            _, req = pending.pop(0)
+            at, req = pending.pop(0)
             script = [(s.completion_tokens, s.api_time_s, s.return_tokens) for s in req.segments]
             params = SamplingParams(max_tokens=req.output_tokens, temperature=0, ignore_eos=True)
             rid = eng.add_request(prompt_token_ids=prompt_ids(llm.tokenizer, req, rng), params=params,
-                                  tool_options=ToolOptions(script=script, key=req.type), arrival_time=t0 + now)
+                                  tool_options=ToolOptions(script=script, key=req.type), arrival_time=t0 + at)
             info[rid] = (req, 0)
         if stall is not None and now >= stall[1]:
             time.sleep(stall[0])
@@ -100,7 +101,7 @@ def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], sl
             eng.wait_for_tools(wait)
         for o in outs:
             if o.finished:
-                records.append(_record(o, info.pop(o.request_id)[0], slo))
+                records.append(_record(o, info.pop(o.request_id)[0], slo, t0))
     duration = eng.clock() - t0
     sched.trace = None
     if steps is not None:
@@ -111,12 +112,13 @@ def run_policy(llm, policy: str, trace: list[tuple[float, AugmentedRequest]], sl
     return summary
 
 
-def _record(out, req: AugmentedRequest, slo: tuple[float, float]) -> dict[str, Any]:
+def _record(out, req: AugmentedRequest, slo: tuple[float, float], t0: float) -> dict[str, Any]:
     m = out.metrics
     tool_s = sum(t["duration_s"] for t in m.tool_calls)
     n = max(1, len(out.token_ids))
     norm = (m.e2e_latency - tool_s) / n
-    return {"type": req.type, "output_tokens": len(out.token_ids), "ttft_s": m.ttft, "e2e_s": m.e2e_latency,
+    return {"request_id": out.request_id, "arrival_s": m.arrival_time - t0, "prompt_tokens": req.prompt_tokens,
+            "type": req.type, "output_tokens": len(out.token_ids), "ttft_s": m.ttft, "e2e_s": m.e2e_latency,
             "tool_s": tool_s, "norm_latency_s": norm, "calls": req.num_calls,
             "slo_met": m.ttft <= slo[0] and norm <= slo[1],
             "predicted_len": m.predicted_output_tokens}
