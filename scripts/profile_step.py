@@ -1,4 +1,5 @@
-"""Where a decode step's time goes, on the default model (the breakdown in docs/benchmarks.md).
+"""Where a decode step's time goes, on the default model (docs/benchmarks.md, "Decode attention and KV
+block size", quotes one breakdown).
 
 Wraps the model's parts with wall-clock timers (CPU ops run synchronously, so a timer around a
 call is its cost): the layers' linear projections (qkv, o, gate_up, down), the LM head, paged

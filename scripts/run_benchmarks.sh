@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Re-measure every engine figure in docs/benchmarks.md on this machine. Run it on a quiet machine
+# Re-measure the engine's own benchmark files in docs/results/ on this machine (docs/results/README.md
+# says which doc table each backs; the peer comparisons are scripts/compare_*.py). Run it on a quiet machine
 # (nothing else running: on 2 cores a second process halves every figure). About 2 hours.
 # Pieces: offline profile spec spec-repeats spec-kinds ablation auto-frontiers overlap augmented augmented-overload augmented-tight serve
 # (scripts/run_benchmarks.sh PIECE...; default: all)
