@@ -15,6 +15,22 @@ POLICY_NAMES = ("fcfs", "fcfs-discard", "infercept", "augserve-stage1", "augserv
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """Bounds on KV held for sessions between their calls (tandem.sched.retention)."""
+    max_hold_s: float = 600.0                 # a held context is freed after this long
+    max_share: float = 0.5                    # of device KV blocks, held for waiting sessions at most
+    max_blocks_per_owner: int | None = None   # device + host blocks one owner's sessions may hold
+
+    def __post_init__(self) -> None:
+        if self.max_hold_s <= 0:
+            raise ConfigError(f"max_hold_s must be > 0, got {self.max_hold_s}")
+        if not 0.0 <= self.max_share <= 1.0:
+            raise ConfigError(f"max_share must be in [0, 1], got {self.max_share}")
+        if self.max_blocks_per_owner is not None and self.max_blocks_per_owner < 0:
+            raise ConfigError(f"max_blocks_per_owner must be >= 0, got {self.max_blocks_per_owner}")
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = 512   # token budget of one step (prefill chunks + decodes)
     max_num_seqs: int = 64              # requests running at once
@@ -24,6 +40,7 @@ class SchedulerConfig:
     watermark: float = 0.01             # fraction of KV blocks kept free when admitting new requests
     target_tpot_s: float | None = None  # hold running requests' mean TPOT to this (sched.budget.TpotGuard)
     ttft_guard_s: float = 1.0           # ... unless a prompt has waited this long for its first token
+    retention: RetentionConfig = RetentionConfig()   # KV held for sessions between calls
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:

@@ -43,6 +43,18 @@ class PauseState:
     num_held_blocks: int = 0     # device blocks kept while paused (preserve)
 
 
+@dataclass(frozen=True)
+class SessionInfo:
+    """Whom a request belongs to: the session whose context its KV is held for after it finishes
+    (a client-side tool loop's next call resumes from it), the owner that session is scoped to and
+    counted against (the API key), and the salt that keeps its prefix cache apart from other
+    tenants' (vLLM's `cache_salt`)."""
+
+    key: str | None = None       # None: nothing is held after the request finishes
+    owner: str = ""
+    cache_salt: str | None = None
+
+
 class FinishReason(str, enum.Enum):
     STOP = "stop"            # EOS, a stop token id or a stop string
     LENGTH = "length"        # max_tokens or the model's context length
@@ -143,6 +155,7 @@ class Request:
     predicted_output_tokens: float | None = None   # Stage I's output-length prediction, made once
     stage1_s: float | None = None        # Stage I's predicted service time, made once
     block_hashes: list = field(default_factory=list)  # its full blocks' prefix-cache hashes so far
+    session: SessionInfo = SessionInfo()
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -170,6 +183,20 @@ class Request:
     def num_output_tokens(self) -> int:
         """Tokens the model generated (tool results appended to the context do not count)."""
         return len(self.token_ids) - len(self.prompt_token_ids) - self.num_injected_tokens
+
+    def append_output(self, new_ids: list[int], max_model_len: int) -> tuple[list[int], FinishReason | None]:
+        """Append sampled tokens up to the first that ends the request: (the tokens taken, why it
+        ended or None). It ends on a stop token (once `min_tokens` are out), at `max_tokens`, or at
+        the context limit."""
+        params = self.sampling_params
+        for n, token in enumerate(new_ids, 1):
+            num_before = self.num_output_tokens
+            self.token_ids.append(token)
+            if token in self.stop_token_ids and num_before >= params.min_tokens:
+                return new_ids[:n], FinishReason.STOP
+            if self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
+                return new_ids[:n], FinishReason.LENGTH
+        return new_ids, None
 
     @property
     def generated_token_ids(self) -> list[int]:
@@ -282,9 +309,9 @@ class SchedulerStats:
     """`Scheduler.stats()`: counts now and counters since start."""
     num_running: int
     num_waiting: int
-    num_paused: int                     # requests paused on a tool call (AugServe)
+    num_paused: int                     # requests paused on a tool call (AugServe), held sessions included
     num_paused_kv_tokens: int           # device KV (in tokens of whole blocks) held by paused requests
-    kv_actions: dict[str, int]          # tool pauses by KV action (preserve / swap / discard)
+    kv_actions: dict[str, int]          # pauses and session holds by KV action (preserve / swap / discard)
     num_preemptions: int
     num_steps: int
     kv_usage: float
@@ -297,6 +324,8 @@ class SchedulerStats:
     spec_num_accepted_tokens: int
     num_discarded_kept: int = 0         # KV that waiting or paused requests kept, freed to make room
     num_recompute_tokens: int = 0       # computed tokens whose KV was freed (preempted, discarded, reclaimed)
+    num_held_sessions: int = 0          # sessions holding the KV of their last call (sched/retention.py)
+    num_adopted_tokens: int = 0         # context tokens a session's next call took over from its held KV
 
 
 @dataclass

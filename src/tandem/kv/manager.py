@@ -10,7 +10,7 @@ already share them.
 from __future__ import annotations
 
 from tandem.kv.block_pool import Block, BlockPool
-from tandem.kv.hashing import BlockHash, hash_full_blocks
+from tandem.kv.hashing import BlockHash, hash_full_blocks, root_hash
 from tandem.types import Request
 
 
@@ -176,6 +176,32 @@ class KVCacheManager:
         most recent first (none without prefix caching): what a router's prefix digest is made of."""
         return self.pool.recent_hashes(n) if self.enable_prefix_caching else []
 
+    def transfer(self, src: Request, dst: Request, num_tokens: int) -> int:
+        """Hand the KV of `src`'s first `num_tokens` tokens (which `dst` starts with) to `dst`, which
+        holds none, in whole blocks and where it lies: device blocks, or host copies that `swap_in`
+        brings back. `src` keeps nothing (the rest is freed). Returns the tokens `dst` now has."""
+        rid, bs = dst.request_id, self.block_size
+        if rid in self._blocks or rid in self._swapped:
+            raise ValueError(f"request {rid!r} already holds KV")
+        keep = num_tokens // bs
+        host = self._swapped.pop(src.request_id, None)
+        if host is not None:
+            keep = min(keep, len(host))
+            self._host_released.extend(reversed(host[keep:]))    # (a copy out may still be queued)
+            if keep:
+                self._swapped[rid] = host[:keep]
+            return keep * bs
+        table = self._blocks.pop(src.request_id, None) or []
+        ids = self._ids.pop(src.request_id, None) or []
+        published = self._num_published.pop(src.request_id, 0)
+        keep = min(keep, len(table))
+        if keep:
+            self._blocks[rid], self._ids[rid] = table[:keep], ids[:keep]
+            self._num_published[rid] = min(published, keep)
+        if table[keep:]:
+            self.pool.free(list(reversed(table[keep:])))
+        return keep * bs
+
     # --- swapping (tool pauses) ----------------------------------------------------------
     @property
     def num_free_host_blocks(self) -> int:
@@ -231,8 +257,9 @@ class KVCacheManager:
             self._free_host.extend(reversed(host))
 
     # --- internals -----------------------------------------------------------------------
-    def _hash(self, request: Request) -> list[BlockHash]:
-        return hash_full_blocks(request.token_ids, self.block_size, self._known_hashes(request))
+    def _hash(self, request: Request, limit_tokens: int | None = None) -> list[BlockHash]:
+        return hash_full_blocks(request.token_ids, self.block_size, self._known_hashes(request), limit_tokens,
+                                root_hash(request.session.cache_salt))
 
     @staticmethod
     def _known_hashes(request: Request) -> list[BlockHash]:
@@ -249,8 +276,7 @@ class KVCacheManager:
         if num_tokens // self.block_size <= start:    # no new full block (most steps): nothing to hash
             return
         table = self._blocks[rid]
-        hashes = hash_full_blocks(request.token_ids, self.block_size,
-                                  self._known_hashes(request), limit_tokens=num_tokens)
+        hashes = self._hash(request, num_tokens)
         end = min(len(hashes), len(table), num_tokens // self.block_size)
         for i in range(start, end):
             self.pool.cache(table[i], hashes[i])

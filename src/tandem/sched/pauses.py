@@ -40,12 +40,18 @@ class PauseBook:
         paused = self.paused
         return sum(paused[rid].pause.num_held_blocks for rid in self._holding if rid in paused)
 
-    def pause(self, r: Request, now: float, expected_s: float | None, other_tokens: int, tool: str) -> KVAction:
+    def pause(self, r: Request, now: float, expected_s: float | None, other_tokens: int, tool: str,
+              can_preserve: bool = True, tool_call: bool = True) -> KVAction:
+        """`tool_call`: False for a finished request held for its session (sched/retention.py): its
+        swap is not bounded per step (it happens once per wait of seconds or more, and the KV rule
+        prices the stall it causes)."""
         key = tool or tool_key(r)
         expected = self.tools.duration(key) if expected_s is None else expected_s
         nblocks = self.kv.num_blocks_of(r.request_id)
-        can_swap = self.kv.can_swap_out(r) and self._swapped_this_step + nblocks <= self.swap_budget_blocks
-        action = self.policy.decide(PauseContext(r.num_computed_tokens, other_tokens, expected, nblocks, can_swap))
+        can_swap = self.kv.can_swap_out(r) and \
+            (not tool_call or self._swapped_this_step + nblocks <= self.swap_budget_blocks)
+        action = self.policy.decide(PauseContext(r.num_computed_tokens, other_tokens, expected, nblocks, can_swap,
+                                                 can_preserve))
         held = 0
         if action is KVAction.SWAP:
             self.pending_swap_out.extend(self.kv.swap_out(r))
@@ -61,7 +67,7 @@ class PauseBook:
             self._holding.add(r.request_id)
         r.status = RequestStatus.PAUSED_TOOL
         r.pause = PauseState(action, now, expected, key, held)
-        r.num_tool_calls += 1
+        r.num_tool_calls += tool_call
         self.paused[r.request_id] = r
         self.num_actions[action] += 1
         return action

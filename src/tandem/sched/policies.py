@@ -35,6 +35,9 @@ class SchedulingPolicy:
     # what it has left to do, often below newer ones; held back, its KV blocks the head). FCFS
     # policies stop at the head (their kept-KV requests are old and near it).
     kept_kv_passes: bool = False
+    # A finished request with a session key leaves its KV held for the session's next call, under
+    # the pause rule (sched/retention.py). vLLM-like FCFS frees it (the prefix cache keeps what it keeps).
+    holds_sessions: bool = False
 
 
 def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swap_s_per_token: float = 5e-6,
@@ -52,11 +55,12 @@ def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swa
     tools = ToolStats.from_state(trained["tools"]) if trained else ToolStats()
     min_waste = MinWaste(cost, swap_s_per_token)
     if name == "infercept":
-        return SchedulingPolicy(name, FCFS(), static, min_waste, tools=tools)
+        return SchedulingPolicy(name, FCFS(), static, min_waste, tools=tools, holds_sessions=True)
     ordering = AugServeOrdering(lengths, tools, stage2=name != "augserve-stage1", max_wait_s=max_wait_s,
                                 decode_token_s=cost.time(1), prefill_token_s=cost.per_token_s)
     budget: TokenBudget = static
     if name == "augserve":
         low = min(max_num_batched_tokens, min_budget_tokens or max(16, max_num_batched_tokens // 8))
         budget = DynamicBudget(low, max_num_batched_tokens)
-    return SchedulingPolicy(name, ordering, budget, min_waste, lengths, tools, kept_kv_passes=True)
+    return SchedulingPolicy(name, ordering, budget, min_waste, lengths, tools, kept_kv_passes=True,
+                            holds_sessions=True)

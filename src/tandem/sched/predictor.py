@@ -100,8 +100,9 @@ class ToolStats:
         old = table.get(key)
         table[key] = value if old is None else old + self.alpha * (value - old)
 
-    def duration(self, key: str) -> float:
-        return self._duration.get(key, self.prior[0])
+    def duration(self, key: str, default: float | None = None) -> float:
+        """Key's average duration; unseen: `default`, else the prior."""
+        return self._duration.get(key, self.prior[0] if default is None else default)
 
     def return_tokens(self, key: str) -> float:
         return self._returned.get(key, self.prior[1])
@@ -115,6 +116,11 @@ class ToolStats:
 
     def observe_finish(self, key: str, num_calls: int) -> None:
         self._ema(self._calls, key, float(num_calls))
+
+    def forget(self, key: str) -> None:
+        """Drop key's averages (a key that will not come back, such as an ended session's)."""
+        for table in (self._duration, self._returned, self._calls):
+            table.pop(key, None)
 
     def state(self) -> dict:
         return {"alpha": self.alpha, "prior": list(self.prior), "duration_s": dict(self._duration),

@@ -13,6 +13,8 @@ run, so that prefill chunks spend only the slack their mean time per output toke
 Draft lengths (FASER) come from the draft-length policy and are charged to the budget. A tool
 call pauses a request (`pause_request`); the scheduling policy decides what happens to its KV and,
 with AugServe, the order of admission and the token budget of admissions (see policies.py, budget.py).
+A request with a session key leaves its KV held, on the same path, for its session's next call
+(a tool loop run by the client; see retention.py).
 
 This module owns the request state machine. It knows nothing of torch, tokenizers or wall time.
 """
@@ -32,6 +34,7 @@ from tandem.sched.ordering import tool_key
 from tandem.sched.pauses import PauseBook
 from tandem.sched.policies import SchedulingPolicy, make_policy
 from tandem.sched.preemption import choose_victim
+from tandem.sched.retention import SessionBook
 from tandem.sched.spec_length import DraftLengthPolicy
 from tandem.sched.speculation import DraftBook, Speculation
 from tandem.sched.trace import snapshot, trace_row
@@ -56,6 +59,7 @@ class Scheduler:
         self.ordering = self.policy.ordering
         self.budget = self.policy.budget
         self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
+        self.sessions = SessionBook(kv, self.pauses, config.retention)   # KV held between a session's calls
         self._starved: set[str] = set()     # running requests admitted while they starved
         self.requests: dict[str, Request] = {}
         self.reconfigure_speculation(speculation)    # self.drafts
@@ -105,6 +109,8 @@ class Scheduler:
         if request.arrival_seq is None:
             request.arrival_seq = next(self._counter)
         self.requests[request.request_id] = request
+        if request.session.key is not None:
+            self.sessions.adopt(request, request.arrival_time)
         self._push_waiting(request, request.arrival_time)
 
     def abort_request(self, request_id: str) -> Request | None:
@@ -115,7 +121,8 @@ class Scheduler:
         self.finish_request(request, FinishReason.ABORT)
         return request
 
-    def finish_request(self, request: Request, reason: FinishReason) -> None:
+    def finish_request(self, request: Request, reason: FinishReason, now: float | None = None) -> None:
+        """`now` (a finish, not an abort): a request with a session key leaves its KV held for it."""
         if request.is_finished:
             return
         if request.status is RequestStatus.RUNNING:
@@ -124,10 +131,12 @@ class Scheduler:
             self.waiting.remove(request)
         elif request.status is RequestStatus.PAUSED_TOOL:
             self.pauses.drop(request)
-        self.kv.free(request)
         if reason is not FinishReason.ABORT:
             self.policy.lengths.observe(request, request.num_output_tokens)
             self.policy.tools.observe_finish(tool_key(request), request.num_tool_calls)
+        if now is None or reason is FinishReason.ABORT or request.session.key is None or not self.policy.holds_sessions \
+                or self.sessions.hold(request, now, sum(r.num_computed_tokens for r in self.running)) is None:
+            self.kv.free(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.request_id]
@@ -184,7 +193,9 @@ class Scheduler:
             policy = make_policy(policy, self.config.max_num_batched_tokens, self.cost, self.swap_s_per_token,
                                  trained=trained)
         self.policy, self.ordering, self.budget = policy, policy.ordering, policy.budget
+        self.sessions.release_all()         # (held by the old policy's rule)
         self.pauses = PauseBook(self.kv, policy.pause, policy.tools)
+        self.sessions = SessionBook(self.kv, self.pauses, self.config.retention)
 
     # --- tool calls ----------------------------------------------------------------------------
     def pause_request(self, request_id: str, now: float, expected_s: float | None = None, tool: str = "") -> KVAction:
@@ -207,6 +218,7 @@ class Scheduler:
     # --- the step --------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
         self.num_steps += 1
+        self.sessions.expire(now)
         self.ordering.observe_memory(self.kv.usage)
         if self.ordering.dynamic:
             self.waiting.sort(key=lambda r: self.ordering.key(r, now))
@@ -301,7 +313,7 @@ class Scheduler:
             self.kv.allocate(request, num_new, computed_blocks)
             request.num_computed_tokens = base
             if request.times.first_scheduled is None:
-                request.num_cached_tokens = num_cached
+                request.num_cached_tokens += num_cached     # (> 0 already: KV its session held)
                 request.times.first_scheduled = now
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -313,9 +325,10 @@ class Scheduler:
         lower-ranked waiting ones kept (recomputed when they run), or the head waits forever. While
         requests run, never: the recompute takes the memory back, and under pressure each reclaim
         brought on the next (docs/benchmarks.md, AugServe's stability); with `kept_kv_passes` the
-        requests that kept KV run past the head instead and free it by finishing."""
+        requests that kept KV run past the head instead and free it by finishing. A context held
+        for a session (no request waits on it) yields to the head either way."""
         if self.running:
-            return False
+            return self.sessions.evict_one()
         return self.pauses.discard_preserved() or self.pauses.evict_waiting(self.waiting, exclude=head)
 
     def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int) -> None:
@@ -360,12 +373,12 @@ class Scheduler:
             new_ids = result.sampled_token_ids.get(seq.request_id)
             if request is None or not new_ids:
                 continue
-            accepted, reason = self._append_tokens(request, new_ids)
+            accepted, reason = request.append_output(new_ids, self.config.max_model_len)
             if request.times.first_token is None:
                 request.times.first_token = now
             if reason is not None:
                 request.times.finished = now
-                self.finish_request(request, reason)
+                self.finish_request(request, reason, now)
             updates.append(SeqUpdate(request, accepted, reason is not None))
         return updates
 
@@ -385,15 +398,3 @@ class Scheduler:
                           max(result.num_draft_tokens.values(), default=0), self.drafts.catch_up,
                           verified_drafts=verified, decode_rows=decodes)
         self._step_started = None
-
-    def _append_tokens(self, request: Request, new_ids: list[int]) -> tuple[list[int], FinishReason | None]:
-        params = request.sampling_params
-        for n, token in enumerate(new_ids, 1):
-            num_before = request.num_output_tokens
-            request.token_ids.append(token)
-            if token in request.stop_token_ids and num_before >= params.min_tokens:
-                return new_ids[:n], FinishReason.STOP
-            if request.num_output_tokens >= params.max_tokens or \
-                    request.num_tokens >= self.config.max_model_len:
-                return new_ids[:n], FinishReason.LENGTH
-        return new_ids, None

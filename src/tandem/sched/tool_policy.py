@@ -27,6 +27,7 @@ class PauseContext:
     expected_pause_s: float
     num_blocks: int              # device blocks the request holds
     can_swap: bool               # host space and this step's swap budget allow it
+    can_preserve: bool = True    # False: device memory may not hold it (a session over its share)
 
 
 class KVPausePolicy(Protocol):
@@ -38,9 +39,12 @@ class FixedAction:
         self.action = action
 
     def decide(self, ctx: PauseContext) -> KVAction:
-        if self.action is KVAction.SWAP and not ctx.can_swap:
+        action = self.action
+        if action is KVAction.PRESERVE and not ctx.can_preserve:
+            action = KVAction.SWAP
+        if action is KVAction.SWAP and not ctx.can_swap:
             return KVAction.DISCARD
-        return self.action
+        return action
 
 
 class MinWaste:
@@ -50,8 +54,9 @@ class MinWaste:
 
     def wastes(self, ctx: PauseContext) -> dict[KVAction, float]:
         c, batch = ctx.context_tokens, ctx.context_tokens + ctx.other_tokens
-        w = {KVAction.PRESERVE: ctx.expected_pause_s * c,
-             KVAction.DISCARD: self.cost.time(c) * batch}
+        w = {KVAction.DISCARD: self.cost.time(c) * batch}
+        if ctx.can_preserve:
+            w[KVAction.PRESERVE] = ctx.expected_pause_s * c
         if ctx.can_swap:
             w[KVAction.SWAP] = 2 * c * self.swap_s_per_token * batch
         return w

@@ -32,6 +32,7 @@ def snapshot(sched) -> SchedulerStats:
         num_paused_kv_tokens=pauses.num_held_blocks * kv.block_size,
         kv_actions={a.value: n for a, n in pauses.num_actions.items()},
         num_discarded_kept=pauses.num_discarded_kept, num_recompute_tokens=sched.num_recompute_tokens,
+        num_held_sessions=sched.sessions.num_held, num_adopted_tokens=sched.sessions.num_adopted_tokens,
         num_preemptions=sched.num_preemptions, num_steps=sched.num_steps, kv_usage=kv.usage,
         num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
         prefix_cache_queries=kv.num_query_tokens, prefix_cache_hits=kv.num_hit_tokens,
