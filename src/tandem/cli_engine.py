@@ -53,6 +53,12 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, b
     g.add_argument("--scheduling-policy", default="fcfs",
                    help="fcfs | fcfs-discard | infercept | augserve | augserve-stage1 | augserve-stage2")
     g.add_argument("--swap-space-gb", type=float, default=0.25, help="host memory for KV swapped out in tool pauses")
+    g.add_argument("--session-max-hold-s", type=float, default=600.0,
+                   help="a session's held KV (x-session-id / user) is freed after this long (default 600)")
+    g.add_argument("--session-max-share", type=float, default=0.5,
+                   help="share of the device KV cache held for waiting sessions at most (default 0.5)")
+    g.add_argument("--session-max-blocks-per-key", type=int, default=None,
+                   help="KV blocks (device + host) one API key's sessions may hold (default: no cap)")
     sd = p.add_argument_group("speculative decoding (FASER)")
     sd.add_argument("--speculative", choices=["ngram", "draft", "layerskip"], default=None)
     sd.add_argument("--speculative-config", default=None, metavar="JSON",
@@ -118,6 +124,7 @@ def _spec_config(a: argparse.Namespace):
 
 
 def _make_llm(a: argparse.Namespace, **overrides):
+    from tandem.config import RetentionConfig
     from tandem.llm import LLM
 
     kw = dict(model=a.model, dtype=a.dtype, device=a.device, max_model_len=a.max_model_len,
@@ -127,7 +134,9 @@ def _make_llm(a: argparse.Namespace, **overrides):
               seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
               swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization,
               generation_config=a.generation_config,
-              target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms, kv_cache_dtype=a.kv_cache_dtype)
+              target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms, kv_cache_dtype=a.kv_cache_dtype,
+              session_retention=RetentionConfig(a.session_max_hold_s, a.session_max_share,
+                                                a.session_max_blocks_per_key))
     kw.update(overrides)
     return LLM(**kw)
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-from tandem.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
+from tandem.config import CacheConfig, ModelConfig, RetentionConfig, SchedulerConfig, SpecConfig
 from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.tokenizer import Tokenizer
 from tandem.errors import ConfigError, InvalidRequestError
@@ -231,7 +231,7 @@ class LLM:
                  progress: bool = True, quantization: str = "auto", generation_config: str = "auto",
                  target_tpot_ms: float | None = None,
                  ttft_guard_ms: float = 1000.0, kv_cache_dtype: str = "auto",
-                 speculative_config: dict | None = None) -> None:
+                 speculative_config: dict | None = None, session_retention: RetentionConfig | None = None) -> None:
         if speculative_config is not None:          # vLLM's name for it
             if speculative is not None:
                 raise ConfigError("give speculative or speculative_config, not both")
@@ -244,7 +244,8 @@ class LLM:
                                 swap_space_gb=swap_space_gb, kv_cache_dtype=kv_cache_dtype)
         sched_cfg = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                     policy=scheduling_policy, ttft_guard_s=ttft_guard_ms / 1000,
-                                    target_tpot_s=target_tpot_ms / 1000 if target_tpot_ms else None)
+                                    target_tpot_s=target_tpot_ms / 1000 if target_tpot_ms else None,
+                                    retention=session_retention or RetentionConfig())
         self.tool_registry = _as_registry(tools)
         self.engine = build_engine(model_cfg, cache_cfg, sched_cfg, as_spec_config(speculative), progress,
                                    self.tool_registry)

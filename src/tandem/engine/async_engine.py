@@ -26,6 +26,7 @@ from tandem.engine.tool_runtime import ToolOptions
 from tandem.errors import TandemError
 from tandem.outputs import RequestOutput
 from tandem.sampling_params import SamplingParams
+from tandem.types import SessionInfo
 
 log = logging.getLogger("tandem.engine")
 
@@ -44,6 +45,7 @@ class _Add:
     valid: ValidRequest
     sink: "_Sink"
     tool_options: ToolOptions | None = None
+    session: SessionInfo | None = None
 
 
 @dataclass
@@ -103,8 +105,8 @@ class AsyncLLMEngine:
         return self._stats
 
     async def generate(self, prompt: str | None, params: SamplingParams, *, prompt_token_ids: list[int] | None = None,
-                       request_id: str | None = None, tool_options: ToolOptions | None = None
-                       ) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, tool_options: ToolOptions | None = None,
+                       session: SessionInfo | None = None) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (one per step that produced tokens; the last has finished=True).
 
         Validation errors raise before anything is queued. Leaving the iterator early (a client
@@ -117,7 +119,7 @@ class AsyncLLMEngine:
         rid = request_id or f"async-{next(self._ids)}"
         sink = _Sink(asyncio.get_running_loop())
         self._count(+1)
-        self._commands.put(_Add(rid, valid, sink, tool_options))
+        self._commands.put(_Add(rid, valid, sink, tool_options, session))
         finished = False
         try:
             while True:
@@ -188,7 +190,8 @@ class AsyncLLMEngine:
             if isinstance(cmd, _Add):
                 self._sinks[cmd.request_id] = cmd.sink
                 try:
-                    self.engine.add_valid(cmd.valid, request_id=cmd.request_id, tool_options=cmd.tool_options)
+                    self.engine.add_valid(cmd.valid, request_id=cmd.request_id, tool_options=cmd.tool_options,
+                                          session=cmd.session)
                 except Exception as e:
                     self._sinks.pop(cmd.request_id, None)
                     self._count(-1)

@@ -26,7 +26,7 @@ from tandem.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
 from tandem.sched.tool_policy import fit_tool_result
-from tandem.types import FinishReason, Request, SeqUpdate, TokenLogprob
+from tandem.types import FinishReason, Request, SeqUpdate, SessionInfo, TokenLogprob
 
 
 @dataclass
@@ -71,6 +71,8 @@ class EngineStats:
     kv_actions: dict[str, int] = field(default_factory=dict)   # tool pauses by KV action
     num_discarded_kept: int = 0            # KV that waiting or paused requests kept, freed to make room
     num_recompute_tokens: int = 0          # computed tokens whose KV was freed (recomputed later)
+    num_held_sessions: int = 0             # sessions holding their last call's KV (sched/retention.py)
+    num_adopted_tokens: int = 0            # context tokens a session's next call took over
 
 
 @dataclass(frozen=True)
@@ -146,14 +148,17 @@ class LLMEngine:
 
     def add_request(self, prompt: str | None = None, params: SamplingParams | None = None, *,
                     prompt_token_ids: list[int] | None = None, request_id: str | None = None,
-                    arrival_time: float | None = None, tool_options: ToolOptions | None = None) -> str:
+                    arrival_time: float | None = None, tool_options: ToolOptions | None = None,
+                    session: SessionInfo | None = None) -> str:
         valid = self.validate(prompt, prompt_token_ids, params if params is not None else SamplingParams())
-        return self.add_valid(valid, request_id=request_id, arrival_time=arrival_time, tool_options=tool_options)
+        return self.add_valid(valid, request_id=request_id, arrival_time=arrival_time, tool_options=tool_options,
+                              session=session)
 
     def add_valid(self, valid: ValidRequest, *, request_id: str | None = None, arrival_time: float | None = None,
-                  tool_options: ToolOptions | None = None) -> str:
+                  tool_options: ToolOptions | None = None, session: SessionInfo | None = None) -> str:
         """Queue a request `validate` has passed (callers that validate a batch before queueing
-        any, or on another thread, do not check or tokenize it twice)."""
+        any, or on another thread, do not check or tokenize it twice). `session`: its owner, the
+        session its KV is held for after it finishes, and its prefix-cache salt."""
         if not isinstance(valid, ValidRequest):
             raise TypeError("add_valid takes what LLMEngine.validate returns")
         prompt, ids, params = valid.prompt, valid.prompt_token_ids, valid.params
@@ -164,7 +169,8 @@ class LLMEngine:
             raise InvalidRequestError(f"duplicate request id {rid!r}", field="request_id")
         eos = self.tokenizer.eos_token_ids if self.tokenizer is not None else ()
         request = Request(rid, ids, params, eos_token_ids=eos,
-                          arrival_time=self.clock() if arrival_time is None else arrival_time)
+                          arrival_time=self.clock() if arrival_time is None else arrival_time,
+                          session=session or SessionInfo())
         detok = IncrementalDetokenizer(self.tokenizer, ids, params) if self.tokenizer is not None else None
         self._states[rid] = _ReqState(request, prompt, detok, [] if params.logprobs is not None else None)
         if tool_options is not None:

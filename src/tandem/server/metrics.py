@@ -45,6 +45,8 @@ class EngineStatsCollector(Collector):
         gauges = [("num_requests_running", "Number of requests in model execution batches.", s.num_running),
                   ("num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting),
                   ("num_requests_paused", "Number of requests paused on a tool call.", s.num_paused),
+                  ("num_sessions_held", "Sessions holding their last call's KV for their next call.",
+                   s.num_held_sessions),
                   ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage)]
         counters = [("prompt_tokens", "Number of prefill tokens processed.", s.num_prompt_tokens),
                     ("generation_tokens", "Number of generation tokens processed.", s.num_generation_tokens),
@@ -56,6 +58,8 @@ class EngineStatsCollector(Collector):
                     ("spec_decode_num_drafts", "Number of spec decoding drafts.", s.spec_num_drafts),
                     ("spec_decode_num_draft_tokens", "Number of draft tokens.", s.spec_num_draft_tokens),
                     ("spec_decode_num_accepted_tokens", "Number of accepted tokens.", s.spec_num_accepted_tokens),
+                    ("session_adopted_tokens", "Context tokens a session's next call took over from its held KV.",
+                     s.num_adopted_tokens),
                     ("tool_calls", "Number of tool calls executed by the engine.", s.tool_num_calls),
                     ("tool_errors", "Number of tool calls that failed or timed out.", s.tool_num_errors)]
         for prefix in self.prefixes:

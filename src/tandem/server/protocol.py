@@ -29,7 +29,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "priority": (0,), "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
     "return_token_offsets": (False,), "return_prompt_text": (False,), "routed_experts_prompt_start": (),
     "media_io_kwargs": ({},), "mm_processor_kwargs": ({},), "mm_payload": (), "return_mm_kwargs": (False,),
-    "prompt_embeds": (), "cache_salt": (), "kv_transfer_params": (), "ec_transfer_params": (),
+    "prompt_embeds": (), "kv_transfer_params": (), "ec_transfer_params": (),
     "vllm_xargs": ({},), "repetition_detection": (), "stream_interval": (1,), "thinking_token_budget": (),
     "reasoning_effort": (), "add_special_tokens": (False,),
     "modalities": (["text"],), "audio": (), "prediction": (), "web_search_options": (), "verbosity": (),
@@ -129,6 +129,8 @@ class SamplingFields(_Request):
     skip_special_tokens)."""
 
     model: str | None = None
+    # vLLM's: requests share cached prefix blocks only with requests of the same salt
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1)

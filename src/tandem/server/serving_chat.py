@@ -28,8 +28,8 @@ from tandem.server.protocol import (ChatChoice, ChatCompletionChunk, ChatComplet
                                     ChatDelta, ChatResponseMessage, ChatStreamChoice, DeltaFunction, DeltaToolCall,
                                     FunctionCallOut, NamedToolChoice, ToolCallOut)
 from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request,
-                                          off_loop_if_large, resolve_max_tokens, response_id, truncate_prompt,
-                                          sampling_params, sse, usage)
+                                          off_loop_if_large, resolve_max_tokens, response_id, sampling_params,
+                                          session_info, sse, truncate_prompt, usage)
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 from tandem.tools.chat_format import render_chat
 from tandem.tools.output import OutputStream, parse_output
@@ -119,7 +119,8 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     job = await off_loop_if_large(_text_size(req), prepare_chat, state, req)
     ids = [f"{job.response_id}-{i}" for i in range(len(job.params))]
     stream = await submit(state.engine, [job.prompt_token_ids] * len(ids), job.params, ids,
-                          state.metrics.observe, state.metrics.observe_abort, job.server_tools)
+                          state.metrics.observe, state.metrics.observe_abort, job.server_tools,
+                          session_info(raw.headers, req))
     if req.stream:
         return ClosingStreamingResponse(stream_chat(state, job, stream), media_type="text/event-stream",
                                         drain=state.drain)

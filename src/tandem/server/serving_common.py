@@ -7,6 +7,7 @@ Raises `APIError` / `InvalidRequestError` naming the field; `errors.py` turns th
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -25,6 +26,10 @@ from tandem.server.logprobs import TokenTexts
 from tandem.server.metrics import ServerMetrics
 from tandem.server.protocol import ACCEPTED_UNUSED, UNSUPPORTED, SamplingFields, UsageInfo, extra_fields
 from tandem.structured.spec import StructuredOutputs
+from tandem.types import SessionInfo
+
+SESSION_HEADER = "x-session-id"
+MAX_SESSION_KEY = 256
 
 log = logging.getLogger("tandem.server")
 MAX_STOP_STRINGS = 16
@@ -126,6 +131,23 @@ def response_id(prefix: str, req: SamplingFields) -> str:
 
 _warned_fields: set[str] = set()
 MAX_WARNED_FIELDS = 1024          # names remembered for warn-once (clients choose them: keep it bounded)
+
+
+def session_info(headers: Any, req: BaseModel) -> SessionInfo | None:
+    """Whom a request belongs to (tandem.sched.retention): the session its KV is held for after it
+    finishes (the `x-session-id` header, else the OpenAI `user` field), the owner that session is
+    scoped to and counted against (a digest of the bearer token; "" without one), and its
+    `cache_salt`. None when it names neither a session nor a salt."""
+    key = headers.get(SESSION_HEADER) or getattr(req, "user", None) or None
+    salt = getattr(req, "cache_salt", None)
+    if key is None and salt is None:
+        return None
+    if key is not None and len(key) > MAX_SESSION_KEY:
+        raise InvalidRequestError(f"the session key ({SESSION_HEADER} or user) is longer than {MAX_SESSION_KEY} "
+                                  "characters", field="user")
+    auth = headers.get("authorization", "")
+    owner = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
+    return SessionInfo(key, owner, salt)
 
 
 def check_request(state: ServerState, req: BaseModel) -> None:

@@ -21,8 +21,8 @@ from tandem.server.errors import error_body, to_api_error
 from tandem.server.logprobs import completion_logprobs
 from tandem.server.protocol import CompletionChoice, CompletionRequest, CompletionResponse, UsageInfo
 from tandem.server.serving_common import (SSE_DONE, ServerState, check_model, check_num_choices, check_request,
-                                          off_loop_if_large, resolve_max_tokens, response_id, truncate_prompt,
-                                          sampling_params, sse, usage)
+                                          off_loop_if_large, resolve_max_tokens, response_id, sampling_params,
+                                          session_info, sse, truncate_prompt, usage)
 from tandem.server.streams import ClosingStreamingResponse, MergedStream, submit, until_disconnected
 
 DEFAULT_MAX_TOKENS = 16           # OpenAI's default for /v1/completions
@@ -100,7 +100,7 @@ async def create_completion(state: ServerState, req: CompletionRequest, raw: Req
     job = await off_loop_if_large(_text_size(req.prompt), prepare_completion, state, req)
     ids = [f"{job.response_id}-{i}" for i in range(len(job.params))]
     stream = await submit(state.engine, job.prompts, job.params, ids, state.metrics.observe,
-                          state.metrics.observe_abort)
+                          state.metrics.observe_abort, session=session_info(raw.headers, req))
     if req.stream:
         return ClosingStreamingResponse(stream_completion(state, job, stream), media_type="text/event-stream",
                                         drain=state.drain)

@@ -87,12 +87,15 @@ class MergedStream:
 
 async def submit(engine: AsyncLLMEngine, prompts: list[list[int]], params: list[SamplingParams],
                  request_ids: list[str], on_output: Callable[[RequestOutput], None],
-                 on_abort: Callable[[str], None], tool_options: Any = None) -> MergedStream:
+                 on_abort: Callable[[str], None], tool_options: Any = None, session: Any = None) -> MergedStream:
     """Start one engine request per (prompt ids, params); all are queued or none is.
-    `tool_options` (server-side tools) makes the engine run the model's tool calls itself."""
+    `tool_options` (server-side tools) makes the engine run the model's tool calls itself.
+    `session` (a SessionInfo): the first request's KV is held for that session after it finishes
+    (the others are alternatives the client will not continue)."""
     extra = {"tool_options": tool_options} if tool_options is not None else {}
-    gens = [engine.generate(None, p, prompt_token_ids=ids, request_id=rid, **extra)
-            for ids, p, rid in zip(prompts, params, request_ids)]
+    gens = [engine.generate(None, p, prompt_token_ids=ids, request_id=rid,
+                            **(extra | {"session": session} if session is not None and i == 0 else extra))
+            for i, (ids, p, rid) in enumerate(zip(prompts, params, request_ids))]
     stream = MergedStream(gens, request_ids, on_output, on_abort)
     await stream.check_started()
     return stream
