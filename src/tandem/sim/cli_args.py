@@ -3,6 +3,9 @@
     tandem simulate --scenario faser|augserve|FILE [--json PATH] [--plots DIR] [--seed N] [--requests N]
     tandem simulate --scenario cluster [--replicas 8,16,64] [--rate R | --load F] [--window S] [--requests SESSIONS_PER_REPLICA]
                     [--workloads tools,chat] [--routers tandem,power_of_two,...] [--seed N] [--json PATH]
+    tandem simulate --scenario agents [--trace FILE] [--part report|fit|all] [--requests SESSIONS]
+                    [--rates R,... | --loads F,...] [--deployment MODEL@HARDWARE] [--policies vllm-lru,infercept,tandem]
+                    [--person-wait cap:S|cut] [--context-window N] [--json PATH]
     tandem simulate calibrate [--json PATH] [--quick]       profile this engine on this machine
     tandem simulate speed [--requests N] [--rate R]           the simulator's own speed (events/s)
     tandem predictor train [--requests N] [--seed S] [--eval-seed E] --json PATH
@@ -28,7 +31,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction,
     real engine: tandem.bench.cli_args.add_calibrate_parser), listed before `speed`."""
     s = sub.add_parser("simulate", help="discrete-event simulator on the real scheduler (paper scale)",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--scenario", default=None, help="faser | augserve | a scenario JSON file")
+    s.add_argument("--scenario", default=None, help="faser | augserve | cluster | agents | a scenario JSON file")
     s.add_argument("--json", default=None, help="write the results here")
     s.add_argument("--plots", default=None, help="write PNG plots into this directory")
     s.add_argument("--seed", type=int, default=None)
@@ -46,7 +49,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction,
     s.add_argument("--deployments", default=None,
                    help="augserve: MODEL@HARDWARE,... (default: llama3-8b and llama2-13b on A100-80GB "
                         "and H100-80GB)")
-    s.add_argument("--policies", default=None, help="augserve: scheduling policies to compare")
+    s.add_argument("--policies", default=None, help="augserve, agents: scheduling policies to compare")
     s.add_argument("--step-jitter", default=None, metavar="P:X",
                    help="augserve: each step takes X times as long with probability P (default: none)")
     s.add_argument("--predictor", default=None, metavar="PATH",
@@ -58,7 +61,16 @@ def add_simulate_parser(sub: argparse._SubParsersAction,
     s.add_argument("--window", type=float, default=None, help="cluster: session arrival window in s (default 40)")
     s.add_argument("--workloads", default=None, help="cluster: tools,chat")
     s.add_argument("--routers", default=None, help="cluster: tandem,round_robin,power_of_two,prefix")
-    s.add_argument("--deployment", default=None, help="cluster: MODEL@HARDWARE (default llama2-13b@A100-80GB)")
+    s.add_argument("--deployment", default=None, help="cluster: MODEL@HARDWARE (default llama2-13b@A100-80GB); "
+                                                      "agents: (default llama3-8b@H100-80GB)")
+    s.add_argument("--trace", default=None, help="agents: session trace (JSON lines; default the Claude Code sessions)")
+    s.add_argument("--part", default=None, help="agents: report | fit | all of the trace (default report)")
+    s.add_argument("--rates", default=None, help="agents: session rates, e.g. 0.01,0.02 (default: --loads)")
+    s.add_argument("--loads", default=None,
+                   help="agents: multiples of vllm-lru's capacity (default 0.25,0.5,1,1.5,2)")
+    s.add_argument("--person-wait", default=None, help="agents: cap:SECONDS or cut (default cap:60)")
+    s.add_argument("--context-window", type=int, default=None, help="agents: model window in tokens (default 131072)")
+    s.add_argument("--swap-space-gb", type=float, default=None, help="agents: host memory for KV (default 256)")
     s.set_defaults(func=cmd_simulate)
     ssub = s.add_subparsers(dest="sim_command")
     for add in subcommands:
@@ -152,12 +164,52 @@ def _run_scenario(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
             opts.model, _, opts.hardware = a.deployment.partition("@")
         res = run_cluster(opts, _log)
         return res, cluster_tables(res)
+    if name == "agents":
+        return _run_agents(a)
     from tandem.sim.scenarios.file import run_file
 
     if not Path(name).is_file():
-        raise ValueError(f"unknown scenario {name!r}: faser, augserve, cluster, or a scenario JSON file")
+        raise ValueError(f"unknown scenario {name!r}: faser, augserve, cluster, agents, or a scenario JSON file")
     res = run_file(name, _log, a.seed, a.requests)
     return res, report.file_tables(res)
+
+
+def _floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"{flag} wants numbers separated by commas, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise ValueError(f"{flag} wants positive numbers, got {text!r}")
+    return values
+
+
+def _run_agents(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from tandem.sim.scenarios.agents import AgentOptions, agents_tables, run_agents
+    from tandem.workload.agent_sessions import TraceError, parse_person_wait
+
+    opts = AgentOptions()
+    for attr, value in (("trace", a.trace), ("part", a.part), ("num_sessions", a.requests), ("seed", a.seed),
+                        ("person_wait", a.person_wait), ("window", a.context_window),
+                        ("swap_space_gb", a.swap_space_gb)):
+        if value is not None:
+            setattr(opts, attr, value)
+    parse_person_wait(opts.person_wait)
+    if a.rates:
+        opts.rates = _floats(a.rates, "--rates")
+    if a.loads:
+        opts.loads = _floats(a.loads, "--loads")
+    if a.policies:
+        opts.policies = tuple(a.policies.split(","))
+    if a.deployment:
+        opts.model, _, opts.hardware = a.deployment.partition("@")
+    if not Path(opts.trace).is_file():
+        raise ValueError(f"no session trace at {opts.trace} (give --trace FILE)")
+    try:
+        res = run_agents(opts, _log)
+    except TraceError as e:
+        raise ValueError(str(e)) from None
+    return res, agents_tables(res)
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:

@@ -39,8 +39,11 @@ from tandem.sim.executor import FILL_TOKEN, SimExecutor
 from tandem.sim.metrics import SLO, RequestRecord, summarize
 from tandem.sim.sessions import Session
 from tandem.sim.workload import SimRequest
-from tandem.types import Request
+from tandem.types import Request, SessionInfo
 from tandem.workload.augmented import AugmentedRequest, Segment
+
+HEAD_TOKEN = -1_000_000        # - head id: a session's shared head (system prompt), see Session.head
+DIVERGE_TOKEN = -2_000_000     # + turn: the first token after a rewritten context (no false prefix hit)
 
 
 class DigestPool(BlockPool):
@@ -107,8 +110,10 @@ class ReplicaEngine(SimEngine):
         self.num_admitted = 0
         self._spec_last: tuple[int, int] | None = None    # speculation counters at the last report
 
-    def submit(self, spec: SimRequest, token_ids: list[int], hashes: list[BlockHash], now: float) -> None:
-        self._prompts[spec.request_id] = (token_ids, hashes)
+    def submit(self, spec: SimRequest, token_ids: list[int], hashes: list[BlockHash], now: float,
+               session: str | None = None) -> None:
+        """`session`: the key its KV is held under after it finishes (None: nothing held)."""
+        self._prompts[spec.request_id] = (token_ids, hashes, session)
         self.num_admitted += 1
         self.loop.push(self._admit(spec, self.num_admitted, now))
         if self.records[spec.request_id].finish_reason == "rejected":
@@ -116,9 +121,9 @@ class ReplicaEngine(SimEngine):
             self.cluster.on_finished(self, spec.request_id, None, now)
 
     def _new_request(self, spec: SimRequest, index: int, now: float) -> Request:
-        token_ids, hashes = self._prompts.pop(spec.request_id)
+        token_ids, hashes, session = self._prompts.pop(spec.request_id)
         params = SamplingParams(max_tokens=max(1, spec.output_tokens), temperature=0.0, ignore_eos=True)
-        request = Request(spec.request_id, token_ids, params, arrival_time=now)
+        request = Request(spec.request_id, token_ids, params, arrival_time=now, session=SessionInfo(session))
         request.block_hashes = hashes                  # the KV manager's per-request hash memo
         return request
 
@@ -147,8 +152,11 @@ class ClusterResult:
 
 class Cluster:
     def __init__(self, cost: CostModel, cfg: SimConfig, num_replicas: int, router: Router,
-                 digest_size: int = DIGEST_SIZE) -> None:
+                 digest_size: int = DIGEST_SIZE, retain_sessions: bool = False) -> None:
+        """`retain_sessions`: requests carry their session's key, so that a finished request's KV is
+        held for the session's next one (tandem.sched.retention)."""
         self.cost, self.cfg, self.router = cost, cfg, router
+        self.retain_sessions = retain_sessions
         self.loop = EventLoop()
         dep = cost.deployment()
         self.replicas: dict[str, ReplicaEngine] = {}
@@ -171,12 +179,18 @@ class Cluster:
         t = session.turns[turn]
         bs = self.cfg.block_size
         if turn == 0:
-            tokens = [FIRST_PROMPT_TOKEN + session.index] + [FILL_TOKEN] * (t.new_tokens - 1)
+            n_head, head_id = session.head if session.head[0] < t.new_tokens else (0, 0)
+            head = [HEAD_TOKEN - head_id] + [FILL_TOKEN] * (n_head - 1) if n_head else []
+            tokens = head + [FIRST_PROMPT_TOKEN + session.index] + [FILL_TOKEN] * (t.new_tokens - n_head - 1)
             hashes: list[BlockHash] = []
         else:
             tokens, hashes = self._context.pop(session.session_id)
+            new = [FILL_TOKEN] * t.new_tokens
+            if t.keep_tokens is not None:           # the context was rewritten after keep_tokens
+                tokens, hashes = tokens[:t.keep_tokens], hashes[:t.keep_tokens // bs]
+                new[0] = DIVERGE_TOKEN + turn
             self.reusable_tokens += (len(tokens) // bs) * bs
-            tokens = tokens + [FILL_TOKEN] * t.new_tokens
+            tokens = tokens + new
         hash_full_blocks(tokens, bs, hashes)
         req = RouteRequest(session.session_id, hash_ints(hashes), len(tokens), t.tool_followup)
         stats = [r.stats() for r in self.replicas.values()]
@@ -192,14 +206,15 @@ class Cluster:
         self._pending[rid] = Pending(session, turn, choice)
         spec = SimRequest(rid, now, AugmentedRequest(session.kind, len(tokens), [Segment(t.output_tokens)]),
                           session.acceptance)
-        self.replicas[choice].submit(spec, tokens, hashes, now)
+        self.replicas[choice].submit(spec, tokens, hashes, now, session.session_id if self.retain_sessions else None)
 
     def on_finished(self, replica: ReplicaEngine, request_id: str, request: Request | None, now: float) -> None:
         p = self._pending.pop(request_id)
         nxt = p.turn + 1
         if request is None or str(request.finish_reason) == "abort" or nxt >= len(p.session.turns):
             return
-        if request.num_tokens + p.session.turns[nxt].new_tokens >= replica.max_model_len:
+        t = p.session.turns[nxt]
+        if (request.num_tokens if t.keep_tokens is None else t.keep_tokens) + t.new_tokens >= replica.max_model_len:
             return                                    # the conversation would not fit: it ends here
         self._context[p.session.session_id] = (list(request.token_ids), request.block_hashes)
         s = p.session

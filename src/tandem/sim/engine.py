@@ -194,6 +194,7 @@ class SimEngine:
         rec.finished_s, rec.finish_reason = now, reason
         rec.output_tokens = request.num_output_tokens
         rec.num_preemptions = request.num_preemptions
+        rec.cached_tokens = request.num_cached_tokens
         spec = request.spec
         rec.num_draft_tokens, rec.num_accepted_tokens, rec.num_spec_steps, rec.num_pruned_tokens = \
             spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_steps, spec.num_pruned_tokens

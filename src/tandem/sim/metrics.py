@@ -48,6 +48,7 @@ class RequestRecord:
     num_accepted_tokens: int = 0
     num_spec_steps: int = 0
     num_pruned_tokens: int = 0          # drafts cut from verification (frontiers)
+    cached_tokens: int = 0              # prompt tokens it did not compute: prefix cache or held session KV
 
     @property
     def completed(self) -> bool:

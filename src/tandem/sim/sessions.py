@@ -39,6 +39,7 @@ class Turn:
     output_tokens: int
     gap_s: float = 0.0       # after the previous request finished (tool time / think time); 0 for the first
     tool_followup: bool = False
+    keep_tokens: int | None = None   # of the previous request's context it starts with (None: all)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Session:
     kind: str
     turns: tuple[Turn, ...]
     acceptance: float = 0.0
+    head: tuple[int, int] = (0, 0)   # (tokens, id): its first prompt starts with `tokens` tokens
+                                     # shared by every session of the same id (a system prompt)
 
     @property
     def num_requests(self) -> int:
