@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from tandem.bench.cli_args import add_calibrate_parser, add_serve_parser
+from tandem.bench.cli_args import add_agents_parser, add_calibrate_parser, add_serve_parser
 from tandem.cli_engine import SERVE_BATCHED_TOKENS, _make_llm, _model_args, _spec_config, _tools, served_model_name  # noqa: F401 (re-exported)
 from tandem.cli_serve import add_serve_arguments
 from tandem.errors import TandemError
@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(pp)
     pp.set_defaults(func=cmd_bench_perplexity)
     add_serve_parser(bsub)
+    add_agents_parser(bsub)
     sp = bsub.add_parser("spec", help="speculative decoding policies across load levels "
                                       "(n-gram drafts unless --speculative says otherwise)")
     sp.add_argument("--concurrency", default="1,2,4,8,16,32,64")

@@ -150,3 +150,74 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     else:
         print(json.dumps(profile, indent=1))
     return 0
+
+
+AGENTS_DESCRIPTION = """Agent sessions with client-side tools, replayed over HTTP (tandem.bench.agents).
+
+    tandem bench agents --url http://127.0.0.1:8000 --rate SESSIONS_PER_S [--trace FILE] [--part report|fit|all]
+        [--num-sessions N] [--token-scale F] [--time-scale F] [--person-wait cap:S|cut] [--json PATH]
+"""
+
+
+def add_agents_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    g = bsub.add_parser("agents", help="replay real agent sessions (client-side tool loops) over HTTP",
+                        description=AGENTS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
+    g.add_argument("--model", default=None, help="model name to send (default: the first /v1/models lists)")
+    g.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    g.add_argument("--trace", default="../shared/workloads/agent-sessions/claude-code-opus.jsonl")
+    g.add_argument("--part", default="report", choices=("report", "fit", "all"),
+                   help="which part of the trace (knobs are fitted on 'fit'; report on 'report')")
+    g.add_argument("--num-sessions", type=int, default=8, help="the first N sessions of the part")
+    g.add_argument("--max-calls", type=int, default=None, help="cut each session after this many calls")
+    g.add_argument("--rate", type=_rate, required=True, help="new sessions per second (Poisson)")
+    g.add_argument("--token-scale", type=float, default=0.01, help="scale the trace's token counts")
+    g.add_argument("--time-scale", type=float, default=0.05, help="scale the trace's waits")
+    g.add_argument("--person-wait", default="cap:60", help="person waits (after end_turn): cap:SECONDS or cut")
+    g.add_argument("--context-window", type=int, default=None,
+                   help="compact contexts that would not fit this many tokens (default: the trace's, scaled)")
+    g.add_argument("--ttft-slo", type=float, default=5.0, help="a session is within the SLO if every call's TTFT is")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--timeout", type=float, default=600.0, help="per-call timeout in seconds")
+    g.add_argument("--label", default="", help="names the run in the results (e.g. the server's policy)")
+    g.add_argument("--json", default=None)
+    g.set_defaults(func=cmd_bench_agents)
+    return g
+
+
+def cmd_bench_agents(a: argparse.Namespace) -> int:
+    import dataclasses
+
+    from tandem.bench.agents import ReplayOptions, bench_agents
+    from tandem.bench.serve import base_url, discover_model
+    from tandem.bench.serve_client import Target
+    from tandem.workload.agent_sessions import TraceError, load_sessions, parse_person_wait, split
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        parse_person_wait(a.person_wait)
+        if a.num_sessions < 1 or (a.max_calls is not None and a.max_calls < 1):
+            raise ValueError("--num-sessions and --max-calls must be >= 1")
+        if a.token_scale <= 0 or a.time_scale < 0:
+            raise ValueError("--token-scale must be > 0 and --time-scale >= 0")
+        sessions = load_sessions(a.trace)
+        if a.part != "all":
+            sessions = split(sessions)[0 if a.part == "fit" else 1]
+        sessions = sessions[:a.num_sessions]
+        if a.max_calls is not None:
+            sessions = [dataclasses.replace(s, calls=s.calls[:a.max_calls]) for s in sessions]
+    except (OSError, TraceError, ValueError) as e:
+        print(f"tandem bench agents: error: {e}", file=sys.stderr)
+        return 2
+    url = base_url(a.url)
+    target = Target(url, a.model or discover_model(url, a.api_key, log), "chat", a.api_key, temperature=0.0,
+                    ignore_eos=True)
+    opts = ReplayOptions(a.rate, a.token_scale, a.time_scale, a.person_wait, a.context_window, a.seed, a.ttft_slo,
+                         a.timeout, extra={"trace": a.trace, "part": a.part, "num_sessions": a.num_sessions,
+                                           "max_calls": a.max_calls})
+    data = bench_agents(target, sessions, opts, a.json, a.label, log)
+    if a.json:
+        print(f"results written to {a.json}")
+    return 1 if data["summary"]["calls"] and data["summary"]["failed_calls"] == data["summary"]["calls"] else 0

@@ -122,11 +122,13 @@ def chunk_text(chunk: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-async def stream_once(client: httpx.AsyncClient, target: Target, body: dict[str, Any]) -> StreamResult:
+async def stream_once(client: httpx.AsyncClient, target: Target, body: dict[str, Any],
+                      extra_headers: dict[str, str] | None = None) -> StreamResult:
     """Send one streaming request and time its chunks; errors end up in the result."""
     res, start = StreamResult(), time.perf_counter()
+    headers = target.headers | (extra_headers or {})
     try:
-        async with client.stream("POST", target.url, json=body, headers=target.headers) as resp:
+        async with client.stream("POST", target.url, json=body, headers=headers) as resp:
             res.status = resp.status_code
             if resp.status_code != 200:
                 res.error = (await resp.aread()).decode("utf-8", "replace")[:300] or resp.reason_phrase
