@@ -210,3 +210,97 @@ def test_no_import_cycles_between_packages():
     assert {"sched", "kv", "runner", "models", "speculative", "sim", "bench", "config"} <= set(graph)
     cycles = find_cycles(graph)
     assert not cycles, describe_cycles(graph, cycles)
+
+
+def _is_module(name: str, src: Path) -> bool:
+    rel = Path(*name.split(".")[1:]) if "." in name else Path()
+    return name == "tandem" or (src / rel).with_suffix(".py").is_file() or (src / rel / "__init__.py").is_file()
+
+
+def module_graph(src: Path = SRC) -> dict[str, set[str]]:
+    """{module: tandem modules it imports}, each module its own node (a package is its __init__):
+    `from pkg import name` is an edge to `pkg.name` when that is a module, else to `pkg` (whose
+    __init__ defines the name). Lazy imports count, as in import_graph."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(src.rglob("*.py")):
+        module = _module_name(path, src)
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        edges = graph.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name.split(".")[0] == "tandem")
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                if base.split(".")[0] != "tandem":
+                    continue
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    edges.add(sub if _is_module(sub, src) else base)
+        edges.discard(module)
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components with more than one node, each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_strongly_connected_finds_module_circles():
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e2"}, "e2": set()}
+    assert strongly_connected(g) == [["a", "b", "c"]]
+
+
+def test_no_import_circles_between_modules():
+    """Inside a package too: no module imports (directly or through others) one that imports it
+    back, lazy imports included."""
+    circles = strongly_connected(module_graph())
+    assert not circles, "module import circles:\n" + "\n".join("  " + " <-> ".join(c) for c in circles)
+
+
+def test_module_graph_tells_a_submodule_from_a_name_its_package_defines(tmp_path):
+    pkg = tmp_path / "tandem"
+    (pkg / "p").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "p" / "__init__.py").write_text("from tandem.p.m import f\nX = 1\n")
+    (pkg / "p" / "m.py").write_text("def f():\n    from tandem.p import X\n")
+    (pkg / "p" / "n.py").write_text("from . import m\nfrom tandem.p import m as mm\n")
+    graph = module_graph(pkg)
+    assert graph["tandem.p"] == {"tandem.p.m"} and graph["tandem.p.m"] == {"tandem.p"}
+    assert graph["tandem.p.n"] == {"tandem.p.m"}
+    assert strongly_connected(graph) == [["tandem.p", "tandem.p.m"]]

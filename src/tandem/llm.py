@@ -139,8 +139,8 @@ def _has_paged_kernel(device: torch.device) -> bool:
 
 # What quantization="auto" does with a model converted from a GGUF: llama.cpp's arithmetic, as
 # llama.cpp and vLLM's GGUF kernels run such a file (Q4_1 layers take activations rounded to 8 bits
-# per block). On the default model it costs 0.7% perplexity against float activations and is within
-# 0.2% of llama.cpp's own; "gguf-float" keeps the float32 function (docs/benchmarks.md, "Quantized weights").
+# per block); "gguf-float" keeps the float32 function. What each costs in perplexity, against float
+# activations and against llama.cpp: docs/benchmarks.md, "Quantized weights".
 AUTO_GGUF = "gguf"
 
 
@@ -153,7 +153,7 @@ def load_weights(model_dir, dtype: torch.dtype, device: torch.device, max_len: i
     if mode == "none":
         return load_model(model_dir, dtype, device, max_positions=max_len), "float"
     from tandem.models.gguf_load import load_gguf_model
-    from tandem.models.quant import gguf_source
+    from tandem.models.source import gguf_source
     from tandem.runner.kernels import make_ops
 
     source = gguf_source(model_dir)

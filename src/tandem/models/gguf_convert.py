@@ -300,7 +300,7 @@ def convert_gguf(path: Path, out_dir: Path, progress: bool = True) -> Path:
     del reader                                   # its vocabulary tables, before the tokenizer reads its own
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     _write_tokenizer(path, tmp)
-    from tandem.models.quant import record_source
+    from tandem.models.source import record_source
 
     record_source(tmp, path)
     shutil.rmtree(out_dir, ignore_errors=True)

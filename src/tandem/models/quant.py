@@ -29,7 +29,6 @@ above), and the weight-only blocks it covers are freed (`release_shadowed_blocks
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -41,7 +40,6 @@ import torch
 
 log = logging.getLogger("tandem.quant")
 QTYPES = {"Q4_1": 0, "Q8_0": 1}
-SOURCE_FILE = "tandem_gguf_source.json"
 _ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 _I8_ROWS = (1, 2, 4, 8, 16, 64, 256)   # fine where bfloat16 kernels take over at a few rows
 _I8_COMPUTE_ROWS = 64     # from here steps are compute-bound: a few layers time the shape (load stays short)
@@ -61,28 +59,6 @@ class QuantWeight:
     packed_bf16: bool = False
     i8: torch.Tensor | None = None   # quant_pack_i8's records (float32 or bfloat16 models, activations="int8")
     i8_max_rows: int = 0             # steps of at most this many rows use quant_linear_i8
-
-
-def record_source(model_dir: Path, gguf_path: Path) -> None:
-    """Note in a converted model directory which GGUF file it came from."""
-    (model_dir / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf_path.resolve())}))
-
-
-def gguf_source(model_dir: Path) -> Path | None:
-    """The GGUF file a converted directory came from, if it is still there."""
-    marker = model_dir / SOURCE_FILE
-    if marker.is_file():
-        try:
-            path = Path(json.loads(marker.read_text())["gguf"])
-        except (ValueError, KeyError, TypeError):
-            return None
-        return path if path.is_file() else None
-    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, DEFAULT_MODEL
-
-    if model_dir.name == DEFAULT_MODEL:      # converted before the marker existed
-        path = model_dir.parent / Path(DEFAULT_GGUF_MEMBER).name
-        return path if path.is_file() else None
-    return None
 
 
 # GGUF types the kernels take after a repack at load, one tensor at a time: to Q4_1 records exactly

@@ -8,58 +8,12 @@ streamed and non-streamed responses agree. Malformed calls stay in the content, 
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from tandem.tools.parsers.base import ToolCall, ToolCallStream, ToolParser, new_tool_call_id
 
-def new_tool_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-@dataclass
-class ToolCall:
-    """One function call: `arguments` is a JSON text (the OpenAI wire format)."""
-
-    name: str
-    arguments: str
-    id: str = field(default_factory=new_tool_call_id)
-
-
-class ToolCallStream(Protocol):
-    """Incremental parser state for one generated sequence."""
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
-        """Take new text; return (content that can be shown now, tool calls completed by it)."""
-        ...
-
-    def flush(self) -> tuple[str, list[ToolCall]]:
-        """End of text: return what was held back (content, and any last calls)."""
-        ...
-
-    @property
-    def num_calls(self) -> int:
-        """Tool calls found so far."""
-        ...
-
-
-class ToolParser(Protocol):
-    """A tool-call text format (Hermes `<tool_call>` JSON, ...).
-
-    `needs_special_tokens` (optional, default False): the format's markers are special tokens
-    (Mistral's `[TOOL_CALLS]`), so the chat path decodes tool requests with special tokens kept,
-    as vLLM does."""
-
-    name: str
-
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """(content or None when only tool calls were produced, tool calls in order)."""
-        ...
-
-    def stream(self) -> ToolCallStream:
-        """A fresh incremental parser for one sequence."""
-        ...
-
+__all__ = ["ALIASES", "TOOL_PARSERS", "ToolCall", "ToolCallStream", "ToolParser", "get_tool_parser",
+           "new_tool_call_id"]
 
 TOOL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3", "qwen3_coder")
 # vLLM's other names for these formats

@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any, Callable
 
-from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers.base import ToolCall
 
 NEED_MORE = object()        # a body parser's answer: the text so far does not decide yet
 

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from tandem.structured.spec import StructuredOutputs
-from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers.base import ToolCall
 
 
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:

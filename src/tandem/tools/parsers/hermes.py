@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers.base import ToolCall
 from tandem.tools.parsers._stream import HeldWhitespace
 
 OPEN = "<tool_call>"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers.base import ToolCall
 from tandem.tools.parsers._stream import NEED_MORE, AnchoredCallStream, ValueExtent, arguments_json, whole
 
 PYTHON_TAG = "<|python_tag|>"

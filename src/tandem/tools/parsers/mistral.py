@@ -20,7 +20,7 @@ import re
 import string
 from typing import Any
 
-from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers.base import ToolCall
 from tandem.tools.parsers._stream import NEED_MORE, MarkerCallStream, ValueExtent, arguments_json, whole
 
 TOOL_CALLS = "[TOOL_CALLS]"

@@ -15,7 +15,7 @@ import ast
 import json
 from typing import Any
 
-from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers.base import ToolCall
 from tandem.tools.parsers._stream import NEED_MORE, AnchoredCallStream, ValueExtent, finite_json, whole
 
 PYTHON_START = "<|python_start|>"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers.base import ToolCall
 from tandem.tools.parsers._stream import MarkerCallStream, whole
 from tandem.tools.parsers.qwen3_coder import TOOL_OPEN, XmlBody
 

@@ -27,7 +27,7 @@ import math
 import re
 from typing import Any
 
-from tandem.tools.parsers import ToolCall
+from tandem.tools.parsers.base import ToolCall
 from tandem.tools.parsers._stream import NEED_MORE, MarkerCallStream, finite_json, whole
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
