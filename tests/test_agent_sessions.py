@@ -106,3 +106,18 @@ def test_the_agents_scenario_serves_every_call_and_held_kv_pays_when_memory_bind
         assert held["cached_tokens"] > lru["cached_tokens"] and held["recomputed_tokens"] < lru["recomputed_tokens"]
     else:                                            # nothing evicted: held KV serves what the cache would
         assert held["cached_tokens"] == lru["cached_tokens"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--trace", "/nonexistent.jsonl"], "no session trace"),
+    (["--person-wait", "forever"], "person_wait"),
+    (["--requests", "0"], "must be >= 1"),
+    (["--rates", "0.1,-1"], "positive"),
+    (["--policies", "vllm-lru,magic"], "unknown agents policy"),
+])
+def test_simulate_agents_rejects_bad_input_with_a_message(tmp_path, capsys, args, message):
+    from tandem.cli import main
+
+    trace = _trace(tmp_path)
+    rc = main(["simulate", "--scenario", "agents", "--trace", str(trace), "--rates", "1", *args])
+    assert rc == 2 and message in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """`tandem bench agents` against a live tiny server: every planned call is sent and answered, each
 session's calls resend its context (so the server's held KV is taken over under a policy that holds
-it), and the report counts sessions, calls and the SLO."""
+it), the report counts sessions, calls and the SLO, and runs plot side by side; bad input is a
+message and exit status 2."""
 
 from __future__ import annotations
 
@@ -48,3 +49,20 @@ def test_the_replay_sends_every_call_and_the_server_takes_over_held_contexts(tin
     assert s["sessions_within_slo"] == 2 and s["llm_time_per_session_s"]["mean"] > 0
     assert llm.engine.scheduler.sessions.num_adopted_tokens > 0
     assert json.loads((tmp_path / "out.json").read_text())["summary"]["calls"] == 6
+    from tandem.bench.plots import plot_agent_runs
+
+    png = plot_agent_runs([data, data | {"label": "again"}], tmp_path / "agents.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_agents_rejects_bad_input_before_sending(tmp_path, capsys):
+    from tandem.cli import main
+
+    trace = _trace(tmp_path)
+    other = tmp_path / "serve.json"
+    other.write_text('{"bench": "serve"}')
+    for args, message in ((["--person-wait", "soon"], "person_wait"), (["--num-sessions", "0"], ">= 1"),
+                          (["--trace", str(tmp_path / "none.jsonl")], "No such file"),
+                          (["--compare", str(other)], "--compare takes")):
+        rc = main(["bench", "agents", "--url", "http://127.0.0.1:9", "--rate", "1", "--trace", str(trace), *args])
+        assert rc == 2 and message in capsys.readouterr().err, args

@@ -176,11 +176,16 @@ def add_agents_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentPars
     g.add_argument("--person-wait", default="cap:60", help="person waits (after end_turn): cap:SECONDS or cut")
     g.add_argument("--context-window", type=int, default=None,
                    help="compact contexts that would not fit this many tokens (default: the trace's, scaled)")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (what vllm bench serve sends)")
     g.add_argument("--ttft-slo", type=float, default=5.0, help="a session is within the SLO if every call's TTFT is")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--timeout", type=float, default=600.0, help="per-call timeout in seconds")
     g.add_argument("--label", default="", help="names the run in the results (e.g. the server's policy)")
     g.add_argument("--json", default=None)
+    g.add_argument("--plot", default=None, metavar="PNG",
+                   help="CDFs of LLM time per session and TTFT per call; with --compare, of several runs")
+    g.add_argument("--compare", default=None, metavar="JSON,...",
+                   help="earlier runs' --json files (e.g. other server policies) to plot beside this one")
     g.set_defaults(func=cmd_bench_agents)
     return g
 
@@ -208,16 +213,23 @@ def cmd_bench_agents(a: argparse.Namespace) -> int:
         sessions = sessions[:a.num_sessions]
         if a.max_calls is not None:
             sessions = [dataclasses.replace(s, calls=s.calls[:a.max_calls]) for s in sessions]
+        others = [json.loads(Path(p).read_text()) for p in a.compare.split(",")] if a.compare else []
+        if any(o.get("bench") != "agents" for o in others):
+            raise ValueError("--compare takes files `tandem bench agents --json` wrote")
     except (OSError, TraceError, ValueError) as e:
         print(f"tandem bench agents: error: {e}", file=sys.stderr)
         return 2
     url = base_url(a.url)
-    target = Target(url, a.model or discover_model(url, a.api_key, log), "chat", a.api_key, temperature=0.0,
-                    ignore_eos=True)
+    target = Target(url, a.model or discover_model(url, a.api_key, log), "chat", a.api_key,
+                    temperature=a.temperature, ignore_eos=True)
     opts = ReplayOptions(a.rate, a.token_scale, a.time_scale, a.person_wait, a.context_window, a.seed, a.ttft_slo,
                          a.timeout, extra={"trace": a.trace, "part": a.part, "num_sessions": a.num_sessions,
                                            "max_calls": a.max_calls})
     data = bench_agents(target, sessions, opts, a.json, a.label, log)
     if a.json:
         print(f"results written to {a.json}")
+    if a.plot:
+        from tandem.bench.plots import plot_agent_runs
+
+        print(f"plot written to {plot_agent_runs(others + [data], a.plot)}")
     return 1 if data["summary"]["calls"] and data["summary"]["failed_calls"] == data["summary"]["calls"] else 0

@@ -88,3 +88,33 @@ def plot_serve_results(runs: list[dict[str, Any]], out_dir: str | Path, title: s
         written.append(plot_throughput_vs_rate(sorted(rated, key=lambda r: r["rate"]),
                                                out / "throughput_vs_rate.png", title))
     return [str(p) for p in written]
+
+
+def plot_agent_runs(runs: list[dict[str, Any]], path: str | Path) -> Path:
+    """`tandem bench agents` results (one or more runs, e.g. one per server policy): CDFs of the LLM
+    time per session and of TTFT per call."""
+    plt = _pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for run in runs:
+        per: dict[str, float] = {}
+        for r in run["records"]:
+            per[r["session"]] = per.get(r["session"], 0.0) + (r["e2e_s"] or 0.0)
+        ttft = [r["ttft_s"] for r in run["records"] if r["ok"] and r["ttft_s"] is not None]
+        for ax, values in ((a, per.values()), (b, ttft)):
+            v = sorted(values)
+            if v:
+                ax.step(v, [(i + 1) / len(v) for i in range(len(v))], where="post",
+                        label=run.get("label") or run["target"])
+    a.set_xlabel("LLM time per session (s)")
+    a.set_ylabel("fraction of sessions")
+    b.set_xlabel("TTFT per call (s)")
+    b.set_ylabel("fraction of calls")
+    for ax in (a, b):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.suptitle("Agent sessions replayed over HTTP")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -71,6 +71,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction,
     s.add_argument("--person-wait", default=None, help="agents: cap:SECONDS or cut (default cap:60)")
     s.add_argument("--context-window", type=int, default=None, help="agents: model window in tokens (default 131072)")
     s.add_argument("--swap-space-gb", type=float, default=None, help="agents: host memory for KV (default 256)")
+    s.add_argument("--max-calls", type=int, default=None, help="agents: cut each session after this many calls")
     s.set_defaults(func=cmd_simulate)
     ssub = s.add_subparsers(dest="sim_command")
     for add in subcommands:
@@ -191,10 +192,12 @@ def _run_agents(a: argparse.Namespace) -> tuple[dict[str, Any], str]:
     opts = AgentOptions()
     for attr, value in (("trace", a.trace), ("part", a.part), ("num_sessions", a.requests), ("seed", a.seed),
                         ("person_wait", a.person_wait), ("window", a.context_window),
-                        ("swap_space_gb", a.swap_space_gb)):
+                        ("swap_space_gb", a.swap_space_gb), ("max_calls", a.max_calls)):
         if value is not None:
             setattr(opts, attr, value)
     parse_person_wait(opts.person_wait)
+    if opts.num_sessions < 1 or (opts.max_calls is not None and opts.max_calls < 1):
+        raise ValueError("--requests (sessions) and --max-calls must be >= 1")
     if a.rates:
         opts.rates = _floats(a.rates, "--rates")
     if a.loads:

@@ -16,7 +16,7 @@ the device KV held for waiting sessions (time-weighted mean and peak, share of t
 Load: `rates` (sessions/s), or `loads` x the capacity of `vllm-lru`: the largest session rate at
 which it keeps `attainment` of calls within TTFT <= ttft_slo_s (doubling, then bisection).
 Sessions come from the trace's report part (`part`; see agent_sessions.split), the first
-`num_sessions` of it in file order.
+`num_sessions` of it in file order, each cut after `max_calls` calls if given.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class AgentOptions:
     trace: str = "../shared/workloads/agent-sessions/claude-code-opus.jsonl"
     part: str = "report"                 # report | fit | all
     num_sessions: int = 40
+    max_calls: int | None = None         # cut each session after this many calls
     policies: tuple[str, ...] = tuple(POLICIES)
     rates: tuple[float, ...] = ()        # sessions/s; empty: loads x vllm-lru's capacity
     loads: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5, 2.0)
@@ -72,7 +73,10 @@ def pick_sessions(opts: AgentOptions) -> list[AgentSession]:
         sessions = {"fit": fit, "report": report}.get(opts.part)
         if sessions is None:
             raise ValueError(f"part must be report, fit or all, got {opts.part!r}")
-    return sessions[:opts.num_sessions]
+    sessions = sessions[:opts.num_sessions]
+    if opts.max_calls is not None:
+        sessions = [dataclasses.replace(s, calls=s.calls[:opts.max_calls]) for s in sessions]
+    return sessions
 
 
 def build(agent: list[AgentSession], rate: float, opts: AgentOptions, block_size: int) -> list[Session]:
