@@ -8,7 +8,7 @@ PROMPT ?= Explain in two sentences why the sky is blue.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve run fetch test test-fast bench clean
+.PHONY: install serve run fetch lint test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,10 @@ serve: fetch
 run: fetch
 	$(BIN)/tandem generate --chat "$(PROMPT)" --max-tokens 96
 
-test: install
+lint: install
+	$(BIN)/ruff check src tests scripts
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 test-fast: install

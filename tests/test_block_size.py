@@ -53,7 +53,9 @@ def test_generation_is_the_same_at_any_block_size(tiny_llama, block_size):
 
     ref, _ = run(16)
     first, again = run(block_size)
-    ids = lambda outs: [o.outputs[0].token_ids for o in outs]
+    def ids(outs):
+        return [o.outputs[0].token_ids for o in outs]
+
     assert ids(first) == ids(again) == ids(ref)
     # the prefix cache counts whole blocks of the prompt (the last prompt token is always computed)
     assert [o.num_cached_tokens for o in again] == [(len(p) - 1) // block_size * block_size for p in prompts]

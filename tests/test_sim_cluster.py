@@ -33,7 +33,9 @@ def test_sessions_resend_their_context():
 
 def test_deterministic_for_a_seed():
     a, b = run("tandem"), run("tandem")
-    key = lambda out: [(r.request_id, r.first_token_s, r.finished_s) for r in out["records"]]
+    def key(out):
+        return [(r.request_id, r.first_token_s, r.finished_s) for r in out["records"]]
+
     assert key(a) == key(b)
     assert key(run("power_of_two", seed=0)) == key(run("power_of_two", seed=0))
 

@@ -181,8 +181,10 @@ def test_sampled_speculation_end_to_end_matches_the_target(tiny_loopy, spec, tem
     n = 500
     # Seeded rows (independent seeds for the two runs): the samples do not depend on the overlapped
     # drafter's thread timing, so the verdict cannot flip from run to run.
-    seeded = lambda first: [SamplingParams(max_tokens=6, temperature=temperature, ignore_eos=True, seed=first + i)
-                            for i in range(n)]  # noqa: E731
+    def seeded(first):
+        return [SamplingParams(max_tokens=6, temperature=temperature, ignore_eos=True, seed=first + i)
+                for i in range(n)]
+
     a = base.generate(prompt_token_ids=[prompt] * n, sampling_params=seeded(0))
     b = fast.generate(prompt_token_ids=[prompt] * n, sampling_params=seeded(n))
     assert fast.engine.scheduler.spec_stats.num_draft_tokens > 50
