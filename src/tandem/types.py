@@ -132,7 +132,6 @@ class Request:
     sampling_params: SamplingParams
     eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = 0.0
-    priority: float = 0.0
     token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0     # prompt tokens served from the prefix cache at first admission
