@@ -17,8 +17,6 @@ BS = 4
 
 
 def make(action: KVAction, num_blocks: int = 32, prefix: bool = False, **limits) -> Scheduler:
-    """`limits`: RetentionConfig's; min_free_share 1.0 unless given (the KV rule decides every hold)."""
-    limits.setdefault("min_free_share", 1.0)
     cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=num_blocks * BS,
                           watermark=0.0, retention=RetentionConfig(**limits))
     sched = Scheduler(cfg, KVCacheManager(num_blocks, BS, enable_prefix_caching=prefix, num_host_blocks=64))
@@ -199,16 +197,3 @@ def test_common_prefix_finds_the_first_difference():
         assert common_prefix(a, b, 1000) == cut
     assert common_prefix(a, list(a), 1000) == 1000 and common_prefix(a, a[:10], 10) == 10
     assert common_prefix(a, a, 0) == 0
-
-
-def test_a_held_context_stays_on_the_device_while_the_cache_has_room():
-    sched = make(KVAction.SWAP, min_free_share=0.5)     # the KV rule would swap every hold
-    first_call(sched, key="s1")                         # 6 of 32 blocks: 26 free, room to spare
-    assert sched.pauses.num_actions[KVAction.PRESERVE] == 1 and sched.kv.num_blocks_of("c0") == 6
-    hog = call("hog", list(range(500, 540)), 40, 0.0, key=None)   # runs and holds 20 blocks
-    sched.add_request(hog)
-    sched.update(sched.schedule(0.0), StepResult({"hog": [7]}), 0.0)
-    r = call("c1", list(range(100, 122)), 3, 0.0, key="s2")
-    sched.add_request(r)
-    run(sched, 0.0)                                     # when c1 ends, fewer than 16 blocks are free
-    assert sched.pauses.num_actions[KVAction.SWAP] == 1

@@ -59,9 +59,6 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, b
                    help="share of the device KV cache held for waiting sessions at most (default 0.5)")
     g.add_argument("--session-max-blocks-per-key", type=int, default=None,
                    help="KV blocks (device + host) one API key's sessions may hold (default: no cap)")
-    g.add_argument("--session-min-free-share", type=float, default=0.25,
-                   help="while this share of the KV cache is free, held session KV stays on the device "
-                        "(default 0.25)")
     sd = p.add_argument_group("speculative decoding (FASER)")
     sd.add_argument("--speculative", choices=["ngram", "draft", "layerskip"], default=None)
     sd.add_argument("--speculative-config", default=None, metavar="JSON",
@@ -139,7 +136,7 @@ def _make_llm(a: argparse.Namespace, **overrides):
               generation_config=a.generation_config,
               target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms, kv_cache_dtype=a.kv_cache_dtype,
               session_retention=RetentionConfig(a.session_max_hold_s, a.session_max_share,
-                                                a.session_max_blocks_per_key, a.session_min_free_share))
+                                                a.session_max_blocks_per_key))
     kw.update(overrides)
     return LLM(**kw)
 

@@ -20,16 +20,12 @@ class RetentionConfig:
     max_hold_s: float = 600.0                 # a held context is freed after this long
     max_share: float = 0.5                    # of device KV blocks, held for waiting sessions at most
     max_blocks_per_owner: int | None = None   # device + host blocks one owner's sessions may hold
-    min_free_share: float = 0.25              # while this share of the device cache is free, a held
-                                              # context stays there (holding it costs nothing yet)
 
     def __post_init__(self) -> None:
         if self.max_hold_s <= 0:
             raise ConfigError(f"max_hold_s must be > 0, got {self.max_hold_s}")
         if not 0.0 <= self.max_share <= 1.0:
             raise ConfigError(f"max_share must be in [0, 1], got {self.max_share}")
-        if not 0.0 <= self.min_free_share <= 1.0:
-            raise ConfigError(f"min_free_share must be in [0, 1], got {self.min_free_share}")
         if self.max_blocks_per_owner is not None and self.max_blocks_per_owner < 0:
             raise ConfigError(f"max_blocks_per_owner must be >= 0, got {self.max_blocks_per_owner}")
 

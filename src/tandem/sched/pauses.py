@@ -41,18 +41,17 @@ class PauseBook:
         return sum(paused[rid].pause.num_held_blocks for rid in self._holding if rid in paused)
 
     def pause(self, r: Request, now: float, expected_s: float | None, other_tokens: int, tool: str,
-              can_preserve: bool = True, tool_call: bool = True, action: KVAction | None = None) -> KVAction:
+              can_preserve: bool = True, tool_call: bool = True) -> KVAction:
         """`tool_call`: False for a finished request held for its session (sched/retention.py): its
         swap is not bounded per step (it happens once per wait of seconds or more, and the KV rule
-        prices the stall it causes). `action`: taken as given instead of the policy's choice."""
+        prices the stall it causes)."""
         key = tool or tool_key(r)
         expected = self.tools.duration(key) if expected_s is None else expected_s
         nblocks = self.kv.num_blocks_of(r.request_id)
         can_swap = self.kv.can_swap_out(r) and \
             (not tool_call or self._swapped_this_step + nblocks <= self.swap_budget_blocks)
-        if action is None:
-            action = self.policy.decide(PauseContext(r.num_computed_tokens, other_tokens, expected, nblocks,
-                                                     can_swap, can_preserve))
+        action = self.policy.decide(PauseContext(r.num_computed_tokens, other_tokens, expected, nblocks, can_swap,
+                                                 can_preserve))
         held = 0
         if action is KVAction.SWAP:
             self.pending_swap_out.extend(self.kv.swap_out(r))

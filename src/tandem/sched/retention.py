@@ -2,11 +2,10 @@
 
 An agent that runs its own tools sends each turn as a new request carrying the whole context so far.
 A request with a session key (`Request.session.key`) that finishes leaves its KV held for the
-session, through the same pause path as a server-side tool call (`PauseBook.pause`). While the
-device cache has room to spare (`min_free_share` of it free) it stays there: holding it costs
-nothing yet. Otherwise the policy's KV rule (InferCept's min-waste) keeps it on the device, moves
-it to host memory or frees it, for a wait predicted from the gaps this session has shown so far,
-with the gaps of all sessions as the prior. While held, it is a paused request like any other: the scheduler frees it before it would
+session, through the same pause path as a server-side tool call (`PauseBook.pause`): the policy's
+KV rule (InferCept's min-waste) keeps it on the device, moves it to host memory or frees it, for a
+wait predicted from the gaps this session has shown so far, with the gaps of all sessions as the
+prior. While held, it is a paused request like any other: the scheduler frees it before it would
 preempt a running request. When the session's next request arrives and starts with the held
 context, it adopts the held KV (`KVCacheManager.transfer`) and waits like a request back from a
 tool with its KV kept, in the ordering's place for it. Freed (or never held) context falls back to
@@ -78,9 +77,7 @@ class SessionBook:
         can_preserve = on_device + nblocks <= self.limits.max_share * self.kv.num_blocks
         tool = self._tool(sid)
         expected = self.pauses.tools.duration(tool, default=self.pauses.tools.duration(CLIENT_TOOL))
-        roomy = self.kv.num_free_blocks >= self.limits.min_free_share * self.kv.num_blocks
-        action = self.pauses.pause(r, now, expected, other_tokens, tool, can_preserve, tool_call=False,
-                                   action=KVAction.PRESERVE if can_preserve and roomy else None)
+        action = self.pauses.pause(r, now, expected, other_tokens, tool, can_preserve, tool_call=False)
         self.held[sid] = r
         return action
 
