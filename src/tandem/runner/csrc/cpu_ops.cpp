@@ -415,7 +415,7 @@ void attend_item(float* out, const float* qf, int64_t g_size, const T* kh, const
 // one 16-way reduction per head), softmax in float32, the probabilities rounded to bfloat16 (as the
 // prefill kernel and bfloat16 SDPA do) for the weighted sum of V over key pairs. On a 2-core Zen 5:
 // 1.9-2.1x attend_item where the K/V fit in L3, 1.4x where they stream from memory (every layer
-// of a large batch), the bound there being the scattered 2 KB blocks (microbenchmark, 2026-12-05).
+// of a large batch), the bound there being the scattered 2 KB blocks (a microbenchmark).
 
 // The sums of 16 vectors: [sum(v0), ..., sum(v15)].
 inline __m512 reduce16(const __m512* v) {
