@@ -6,7 +6,7 @@ session, through the same pause path as a server-side tool call (`PauseBook.paus
 KV rule (InferCept's min-waste) keeps it on the device, moves it to host memory or frees it, for a
 wait predicted from the gaps this session has shown so far, with the gaps of all sessions as the
 prior. While held, it is a paused request like any other: the scheduler frees it before it would
-preempt a running request. When the session's next request arrives and starts with the held
+preempt a running request, and for a queued request that needs the blocks (`evict_one`). When the session's next request arrives and starts with the held
 context, it adopts the held KV (`KVCacheManager.transfer`) and waits like a request back from a
 tool with its KV kept, in the ordering's place for it. Freed (or never held) context falls back to
 the prefix cache, as in vLLM.
