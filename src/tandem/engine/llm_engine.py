@@ -272,8 +272,11 @@ class LLMEngine:
         return self._output(state, finished, u.new_token_ids)
 
     def _finish(self, request, reason: FinishReason) -> None:
-        self.scheduler.finish_request(request, reason)
-        request.times.finished = self.clock()
+        """A finish the engine sees (a stop string, a tool runtime's end): as the scheduler's own, a
+        request with a session key leaves its KV held for the session."""
+        now = self.clock()
+        self.scheduler.finish_request(request, reason, now)
+        request.times.finished = now
 
     def _maybe_pause(self, request, new_text: str, num_new: int) -> bool:
         """Pause the request if its output just completed a tool call; True if it finished instead."""
