@@ -10,6 +10,8 @@ a paused or waiting request kept, `evict` frees them (recomputed when the reques
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tandem.kv import KVCacheManager
 from tandem.sched.ordering import tool_key
 from tandem.sched.predictor import ToolStats
@@ -91,10 +93,11 @@ class PauseBook:
         r.last_resumed = now
         r.status = RequestStatus.WAITING
 
-    def discard_preserved(self) -> bool:
-        """Free the KV of one preserved paused request (the longest expected pause left):
-        cheaper than preempting a running request. Returns False if none holds KV."""
-        held = [r for r in self.paused.values() if r.pause.num_held_blocks]
+    def discard_preserved(self, among: Iterable[Request] | None = None) -> bool:
+        """Free the KV of one preserved paused request (the longest expected pause left), of
+        `among` if given (else of all): cheaper than preempting a running request. Returns False
+        if none holds KV."""
+        held = [r for r in (self.paused.values() if among is None else among) if r.pause.num_held_blocks]
         if not held:
             return False
         victim = max(held, key=lambda r: r.pause.expected_s)

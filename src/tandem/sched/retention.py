@@ -6,9 +6,10 @@ session, through the same pause path as a server-side tool call (`PauseBook.paus
 KV rule (InferCept's min-waste) keeps it on the device, moves it to host memory or frees it, for a
 wait predicted from the gaps this session has shown so far, with the gaps of all sessions as the
 prior. While held, it is a paused request like any other: the scheduler frees it before it would
-preempt a running request, and for a queued request that needs the blocks (`evict_one`). When the session's next request arrives and starts with the held
-context, it adopts the held KV (`KVCacheManager.transfer`) and waits like a request back from a
-tool with its KV kept, in the ordering's place for it. Freed (or never held) context falls back to
+preempt a running request, and for a queued request that needs the blocks (`evict_one`). When the
+session's next request arrives and starts with the held context, it adopts the held KV
+(`KVCacheManager.transfer`) and waits like a request back from a tool with its KV kept, in the
+ordering's place for it. Freed (or never held) context falls back to
 the prefix cache, as in vLLM.
 
 Bounds, so that no client pins memory: a ceiling on how long a session holds (`max_hold_s`), a
@@ -115,13 +116,7 @@ class SessionBook:
         """Free the device KV of the held context expected to wait longest (queued work needs the
         blocks; the session's next call recomputes, or finds it in the prefix cache). False if
         no held context is on the device."""
-        on_device = [r for r in self.held.values() if self.kv.num_blocks_of(r.request_id)]
-        if not on_device:
-            return False
-        victim = max(on_device, key=lambda r: r.pause.expected_s)
-        self.pauses.evict(victim)
-        victim.pause.action, victim.pause.num_held_blocks = KVAction.DISCARD, 0
-        return True
+        return self.pauses.discard_preserved(self.held.values())
 
     def release_all(self) -> None:
         for r in self.held.values():
