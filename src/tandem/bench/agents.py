@@ -24,13 +24,13 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from statistics import fmean
 from typing import Any
 
 import httpx
 
-from tandem.bench.common import machine_info, percentile, write_json
+from tandem.bench.common import machine_info, write_json
 from tandem.bench.serve_client import Target, request_body, stream_once
+from tandem.sim.metrics import AgentCall, session_figures
 from tandem.workload.agent_sessions import AgentSession, PlannedCall, replay_plan
 from tandem.workload.arrivals import make_arrivals
 from tandem.workload.augmented import synthetic_text
@@ -138,22 +138,10 @@ async def replay(target: Target, sessions: list[AgentSession], opts: ReplayOptio
 
 
 def summarize(records: list[CallRecord], duration_s: float, ttft_slo_s: float) -> dict[str, Any]:
-    by: dict[str, list[CallRecord]] = {}
-    for r in records:
-        by.setdefault(r.session, []).append(r)
-    llm = [sum(r.e2e_s or 0.0 for r in rs) for rs in by.values()]
-    ok = [r for r in records if r.ok]
-    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
-    tpot = [t for t in (r.tpot_s for r in ok) if t is not None]
-    good = sum(all(r.ok and r.ttft_s is not None and r.ttft_s <= ttft_slo_s for r in rs) for rs in by.values())
-    return {"sessions": len(by), "calls": len(records), "failed_calls": len(records) - len(ok),
-            "duration_s": duration_s,
-            "llm_time_per_session_s": {"mean": fmean(llm) if llm else None, "p50": percentile(llm, 50),
-                                       "p99": percentile(llm, 99)},
-            "ttft_s": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
-            "tpot_s": {"p50": percentile(tpot, 50)},
-            "sessions_within_slo": good,
-            "sessions_per_hour_within_slo": good / duration_s * 3600 if duration_s > 0 else 0.0}
+    out = session_figures([AgentCall(r.session, r.e2e_s or 0.0, r.ttft_s, r.tpot_s, r.ok) for r in records],
+                          duration_s, ttft_slo_s)
+    out["failed_calls"] = sum(not r.ok for r in records)
+    return out
 
 
 def bench_agents(target: Target, sessions: list[AgentSession], opts: ReplayOptions, json_path: str | None,

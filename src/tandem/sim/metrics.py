@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from statistics import fmean
-from typing import Any
+from typing import Any, NamedTuple
 
 PERCENTILES = (50, 90, 99)
 
@@ -140,3 +140,34 @@ def summarize(records: list[RequestRecord], slo: SLO | None = None) -> dict[str,
         s["tool_calls"] = calls
         s["preemptions"] = sum(r.num_preemptions for r in records)
     return s
+
+
+class AgentCall(NamedTuple):
+    """One call of an agent session, as its replay timed it (the simulator's or the HTTP one)."""
+    session: str
+    latency_s: float                    # send (arrival) to last token; 0 if it never finished
+    ttft_s: float | None
+    tpot_s: float | None
+    ok: bool                            # completed (or answered without error)
+
+
+def session_figures(calls: list[AgentCall], duration_s: float, ttft_slo_s: float) -> dict[str, Any]:
+    """An agent replay's per-session figures: LLM time per session (the sum of its calls'
+    latencies, the agent's own waits excluded) mean / p50 / p99, TTFT and TPOT of the calls that
+    completed, and the sessions whose every call completed within TTFT <= `ttft_slo_s`, in all and
+    per hour of the replay."""
+    by: dict[str, list[AgentCall]] = {}
+    for c in calls:
+        by.setdefault(c.session, []).append(c)
+    llm = [sum(c.latency_s for c in cs) for cs in by.values()]
+    ok = [c for c in calls if c.ok]
+    ttft = [c.ttft_s for c in ok if c.ttft_s is not None]
+    tpot = [c.tpot_s for c in ok if c.tpot_s is not None]
+    good = sum(all(c.ok and c.ttft_s is not None and c.ttft_s <= ttft_slo_s for c in cs) for cs in by.values())
+    return {"sessions": len(by), "calls": len(calls), "duration_s": duration_s,
+            "llm_time_per_session_s": {"mean": fmean(llm) if llm else None, "p50": percentile(llm, 50),
+                                       "p99": percentile(llm, 99)},
+            "ttft_s": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
+            "tpot_s": {"p50": percentile(tpot, 50)},
+            "sessions_within_slo": good,
+            "sessions_per_hour_within_slo": good / duration_s * 3600 if duration_s > 0 else 0.0}

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass, field
-from statistics import fmean
 from typing import Any
 
 from tandem.config import SchedulerConfig
@@ -32,7 +31,7 @@ from tandem.router import Router
 from tandem.sim.build import SimConfig
 from tandem.sim.cluster import Cluster
 from tandem.sim.cost import make_cost_model
-from tandem.sim.metrics import RequestRecord, percentile
+from tandem.sim.metrics import AgentCall, RequestRecord, session_figures
 from tandem.sim.run import timed
 from tandem.sim.scenarios.common import Log, find_capacity
 from tandem.sim.sessions import Session, Turn
@@ -138,32 +137,20 @@ class HeldKV:
 
 def summarize_agents(records: list[RequestRecord], sessions: list[Session], ttft_slo_s: float,
                      end_s: float) -> dict[str, Any]:
-    by_session: dict[str, list[RequestRecord]] = {}
-    for r in records:
-        by_session.setdefault(r.request_id.rsplit("-", 1)[0], []).append(r)
-    llm = [sum((r.finished_s or r.arrival_s) - r.arrival_s for r in rs) for rs in by_session.values()]
-    done = [r for r in records if r.completed]
-    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
-    tpot = [r.tpot_s for r in done if r.tpot_s is not None]
-    good = sum(all(r.completed and r.ttft_s is not None and r.ttft_s <= ttft_slo_s for r in rs)
-               for rs in by_session.values())
+    calls = [AgentCall(r.request_id.rsplit("-", 1)[0], (r.finished_s or r.arrival_s) - r.arrival_s, r.ttft_s,
+                       r.tpot_s, r.completed) for r in records]
     prompt = sum(r.prompt_tokens for r in records)
     cached = sum(r.cached_tokens for r in records)
-    reusable = _reusable_tokens(records, sessions)
-    return {
-        "sessions": len(by_session), "calls": len(records), "completed_calls": len(done),
-        "duration_s": end_s,
-        "llm_time_per_session_s": {"mean": fmean(llm) if llm else None, "p50": percentile(llm, 50),
-                                   "p99": percentile(llm, 99)},
-        "ttft_s": {"p50": percentile(ttft, 50), "p99": percentile(ttft, 99)},
-        "tpot_s": {"p50": percentile(tpot, 50)},
-        "calls_within_ttft_slo": sum(t <= ttft_slo_s for t in ttft) / max(1, len(records)),
-        "sessions_within_slo": good,
-        "sessions_per_hour_within_slo": good / end_s * 3600 if end_s > 0 else 0.0,
+    out = session_figures(calls, end_s, ttft_slo_s)
+    out.update({
+        "completed_calls": sum(c.ok for c in calls),
+        "calls_within_ttft_slo": sum(c.ok and c.ttft_s is not None and c.ttft_s <= ttft_slo_s for c in calls)
+        / max(1, len(records)),
         "prompt_tokens": prompt, "cached_tokens": cached,
         "prefix_hit_rate": cached / prompt if prompt else 0.0,
-        "recomputed_tokens": max(0, reusable - cached),
-    }
+        "recomputed_tokens": max(0, _reusable_tokens(records, sessions) - cached),
+    })
+    return out
 
 
 def _reusable_tokens(records: list[RequestRecord], sessions: list[Session]) -> int:
