@@ -31,12 +31,17 @@ def _rates(text: str) -> list[float]:
     return [_rate(x) for x in text.split(",") if x.strip()]
 
 
+def _add_target_args(p: argparse.ArgumentParser) -> None:
+    """The server an HTTP benchmark drives: --url, --model, --api-key."""
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
+    p.add_argument("--model", default=None, help="model name to send (default: the first /v1/models lists)")
+    p.add_argument("--api-key", default=None, help="sent as a Bearer token")
+
+
 def add_serve_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     s = bsub.add_parser("serve", help="load generator for any OpenAI-compatible endpoint",
                         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
-    s.add_argument("--model", default=None, help="model name to send (default: the first /v1/models lists)")
-    s.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    _add_target_args(s)
     load = s.add_mutually_exclusive_group(required=True)
     load.add_argument("--rate", type=_rate, help="requests per second, open loop ('inf': all at once)")
     load.add_argument("--rates", type=_rates, help="comma-separated rates to sweep, one run each")
@@ -162,9 +167,7 @@ AGENTS_DESCRIPTION = """Agent sessions with client-side tools, replayed over HTT
 def add_agents_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     g = bsub.add_parser("agents", help="replay real agent sessions (client-side tool loops) over HTTP",
                         description=AGENTS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (with or without /v1)")
-    g.add_argument("--model", default=None, help="model name to send (default: the first /v1/models lists)")
-    g.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    _add_target_args(g)
     g.add_argument("--trace", default="../shared/workloads/agent-sessions/claude-code-opus.jsonl")
     g.add_argument("--part", default="report", choices=("report", "fit", "all"),
                    help="which part of the trace (knobs are fitted on 'fit'; report on 'report')")
