@@ -122,10 +122,16 @@ def test_cache_salt_separates_the_prefix_cache():
 def test_the_ceiling_frees_a_held_context_and_forgets_its_session():
     sched = make(KVAction.PRESERVE, max_hold_s=5.0)
     first_call(sched)
+    later = call("c9", list(range(100, 122)), 3, 3.0, key="s2")
+    sched.add_request(later)
+    run(sched, 3.0)                                     # s2 held at 3.0, s1 at 0.0
     sched.schedule(4.0)
-    assert sched.sessions.num_held == 1
-    sched.schedule(5.5)
-    assert sched.sessions.num_held == 0 and sched.sessions.num_expired == 1 and sched.kv.num_free_blocks == 32
+    assert sched.sessions.num_held == 2
+    sched.schedule(5.5)                                 # s1 past the ceiling, s2 not
+    assert sched.sessions.num_held == 1 and sched.sessions.num_expired == 1 and sched.kv.num_free_blocks == 26
+    assert sched.kv.num_blocks_of("c0") == 0 and sched.kv.num_blocks_of("c9") == 6
+    sched.schedule(8.5)
+    assert sched.sessions.num_held == 0 and sched.sessions.num_expired == 2 and sched.kv.num_free_blocks == 32
     assert sched.pauses.num_paused == 0
 
 

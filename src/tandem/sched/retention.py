@@ -104,13 +104,16 @@ class SessionBook:
         return tokens
 
     def expire(self, now: float) -> None:
-        """Free the contexts held longer than the ceiling."""
+        """Free the contexts held longer than the ceiling. Every step calls this: `held` is in
+        hold order (a context is inserted when held), so it stops at the first one still young."""
         ceiling = self.limits.max_hold_s
-        for sid, r in list(self.held.items()):
-            if now - r.pause.since > ceiling:
-                del self.held[sid]
-                self._release(r)
-                self.num_expired += 1
+        while self.held:
+            sid, r = next(iter(self.held.items()))
+            if now - r.pause.since <= ceiling:
+                return
+            del self.held[sid]
+            self._release(r)
+            self.num_expired += 1
 
     def evict_one(self) -> bool:
         """Free the device KV of the held context expected to wait longest (queued work needs the
