@@ -52,6 +52,11 @@ def test_the_next_call_of_a_session_takes_over_its_held_kv_and_others_cannot(ser
     before = adopted(engine)
     turn(server, follow, {"x-session-id": "agent-1", "authorization": "Bearer bob"})     # another owner
     assert adopted(engine) == before
+    reply = turn(server, first, {"x-session-id": "agent-3", "authorization": "Bearer carol"})
+    turn(server, first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "and?"}],
+         {"x-session-id": "agent-3", "authorization": "bearer  carol"})    # the same key, as auth reads it
+    assert adopted(engine) > before
+    before = adopted(engine)
     reply = turn(server, first, {"x-session-id": "agent-2"}, user="ignored-when-the-header-is-there")
     whole_blocks = turn.prompt_tokens // 16 * 16
     follow = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "and the moon?"}]

@@ -69,7 +69,7 @@ class CatchAllMiddleware:
             await send_error(send, 500, "internal server error", "internal_error")
 
 
-def _bearer_token(value: bytes) -> bytes | None:
+def bearer_token(value: bytes) -> bytes | None:
     """The token of an `Authorization: Bearer <token>` value (the scheme is case-insensitive, RFC 7235)."""
     scheme, _, token = value.strip().partition(b" ")
     return token.strip() if scheme.lower() == b"bearer" and token.strip() else None
@@ -89,7 +89,7 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"authorization") or b""
-        token = _bearer_token(given)
+        token = bearer_token(given)
         if token is None or not hmac.compare_digest(token, self.expected):
             msg = "missing API key: send 'Authorization: Bearer <key>'" if not given else "invalid API key"
             await send_error(send, 401, msg, "invalid_api_key", [(b"www-authenticate", b"Bearer")])

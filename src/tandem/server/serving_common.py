@@ -24,6 +24,7 @@ from tandem.sampling_params import SamplingParams
 from tandem.server.errors import APIError
 from tandem.server.logprobs import TokenTexts
 from tandem.server.metrics import ServerMetrics
+from tandem.server.middleware import bearer_token
 from tandem.server.protocol import ACCEPTED_UNUSED, UNSUPPORTED, SamplingFields, UsageInfo, extra_fields
 from tandem.structured.spec import StructuredOutputs
 from tandem.types import SessionInfo
@@ -136,7 +137,8 @@ MAX_WARNED_FIELDS = 1024          # names remembered for warn-once (clients choo
 def session_info(headers: Any, req: BaseModel) -> SessionInfo | None:
     """Whom a request belongs to (tandem.sched.retention): the session its KV is held for after it
     finishes (the `x-session-id` header, else the OpenAI `user` field), the owner that session is
-    scoped to and counted against (a digest of the bearer token; "" without one), and its
+    scoped to and counted against (a digest of the bearer token as the API-key check reads it, or
+    of the whole Authorization value if it is not a bearer token; "" without one), and its
     `cache_salt`. None when it names neither a session nor a salt."""
     key = headers.get(SESSION_HEADER) or getattr(req, "user", None) or None
     salt = getattr(req, "cache_salt", None)
@@ -145,8 +147,8 @@ def session_info(headers: Any, req: BaseModel) -> SessionInfo | None:
     if key is not None and len(key) > MAX_SESSION_KEY:
         raise InvalidRequestError(f"the session key ({SESSION_HEADER} or user) is longer than {MAX_SESSION_KEY} "
                                   "characters", field="user")
-    auth = headers.get("authorization", "")
-    owner = hashlib.sha256(auth.encode()).hexdigest()[:16] if auth else ""
+    auth = headers.get("authorization", "").encode()
+    owner = hashlib.sha256(bearer_token(auth) or auth).hexdigest()[:16] if auth else ""
     return SessionInfo(key, owner, salt)
 
 
