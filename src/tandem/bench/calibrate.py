@@ -148,44 +148,22 @@ def measure(session: _Session, runner: ModelRunner, quick: bool, log: Log) -> No
     log(f"  late prefills done ({len(session.recorder.samples)} steps)")
 
 
-def speed_levels(engine: LLMEngine, cost: Any, seed: int = 1) -> tuple[float, float]:
-    """How fast `engine` runs now relative to the profile behind `cost` (a CalibratedCost), as two
-    levels: (steps that prefill, decode-only steps), each measured seconds over the seconds the
-    profile predicts for the same steps. The probe is its own small workload shaped like light
-    serving: three times, one, two and three prompts of lognormal lengths (median ~120 tokens,
-    16-415) at once, each decoding 12 tokens (about 10 prefill steps and 100 decode steps, 2-3 s).
-    A replay measured right after it can be compared with the simulator at these levels without
-    fitting anything on that replay.
-
-    Two levels because they drift apart: on a 2-core AVX-512 VM, one replay's prefills ran 14%
-    slower than the calibration and its decodes 3%. Each level is a mean of per-step ratios with
-    ratios above 1.5x their median clipped there: a single prefill step can take 2x its usual
-    time (a noisy neighbour), and with ~10 of them one such step moved a summed probe by 15%,
-    while the clip still counts part of what spikes add to a replay's means."""
+def levels_of(samples: list[dict[str, Any]], cost: Any) -> tuple[float, float]:
+    """How fast recorded steps (StepRecorder samples) ran relative to the profile behind `cost` (a
+    CalibratedCost), as two levels: (steps that prefill, decode-only steps), each the steps'
+    measured seconds over the seconds the profile predicts for the same shapes. A sum over a sum,
+    not a mean of per-step ratios: a simulator run at these levels spends as long in each kind of
+    step as the recorded run did when it builds the same steps, spikes included, and the long
+    steps that decide a timeline weigh as much as they last. Two levels because prefill and decode
+    steps drift apart on a shared VM."""
     from tandem.sim.cost.calibrated import shape_from_sample
 
-    if engine.has_unfinished_requests():
-        raise ValueError("speed_levels needs an idle engine")
-    try:
-        with StepRecorder(engine) as recorder:
-            session = _Session(engine, recorder, random.Random(seed))
-            rng = session.rng
-            session.run([session.prompt(16)], 2, "warmup")
-            for _ in range(3):
-                for n in (1, 2, 3):
-                    prompts = [session.prompt(int(rng.lognormvariate(4.8, 0.6)) % 400 + 16) for _ in range(n)]
-                    session.run(prompts, 12, "probe")
-    finally:
-        engine.scheduler.reset_prefix_cache()
-    probe = [s for s in recorder.samples if s["phase"] == "probe"]
-
     def level(steps: list[dict[str, Any]]) -> float:
-        ratios = [s["seconds"] / cost.step_time_s(shape_from_sample(s)) for s in steps]
-        clip = 1.5 * statistics.median(ratios)
-        return statistics.fmean(min(r, clip) for r in ratios)
+        predicted = sum(cost.step_time_s(shape_from_sample(s)) for s in steps)
+        return sum(s["seconds"] for s in steps) / predicted if predicted > 0 else 1.0
 
-    return (level([s for s in probe if s["num_prefill_tokens"] > 0]),
-            level([s for s in probe if s["num_prefill_tokens"] == 0]))
+    return (level([s for s in samples if s["num_prefill_tokens"] > 0]),
+            level([s for s in samples if s["num_prefill_tokens"] == 0]))
 
 
 def calibrate(model: str | None = None, quick: bool = False, log: Log = print,

@@ -80,7 +80,7 @@ class CalibratedCost:
     profile: dict[str, Any]
     name: str = "calibrated"
     # The machine's speed now relative to the profile, for steps that prefill and for decode-only
-    # steps (tandem.bench.calibrate.speed_levels measures them); 1.0: the profile at face value.
+    # steps (tandem.bench.calibrate.levels_of measures them on recorded steps); 1.0: the profile at face value.
     prefill_level: float = 1.0
     decode_level: float = 1.0
     _terms: list[tuple[Callable[[StepShape], float], float]] = field(default_factory=list, repr=False)
