@@ -72,6 +72,29 @@ def test_the_next_call_takes_over_the_held_context_in_whole_blocks(action):
     assert sched.pauses.tools.duration("session:k:s1") == pytest.approx(10.0 - 0.0)
 
 
+@pytest.mark.parametrize("evicted", [False, True])
+def test_a_swapped_hold_resumes_from_the_device_prefix_cache_while_its_blocks_survive_there(evicted):
+    """Host memory is the second tier: a swap-out leaves the device blocks in the prefix cache, and
+    the next call reads them there without a copy back while nothing has reused them; once
+    something has, it swaps in. (At low load that is every call: no copy back on its critical path.)"""
+    sched = make(KVAction.SWAP, prefix=True)
+    c0 = first_call(sched)                            # 24 computed: 6 full blocks, swapped out
+    assert sched.kv.num_swapped_blocks("c0") == 6
+    if evicted:                                       # a stranger takes 28 of the 32 blocks
+        filler = Request("x", list(range(200, 310)), SamplingParams(max_tokens=1, ignore_eos=True), arrival_time=1.0)
+        sched.add_request(filler)
+        run(sched, 1.0)
+    nxt = call("c1", c0.token_ids + [50, 51, 52], 2, 10.0)
+    sched.add_request(nxt)
+    plans = run(sched, 10.0)
+    first = plans[0].seqs[0]
+    assert (first.request_id, first.start, first.num_tokens) == ("c1", 24, 4)   # 24 tokens not computed, either way
+    assert len(plans[0].swap_in) == (6 if evicted else 0)
+    assert nxt.num_cached_tokens == 24                # (counted once, from whichever tier)
+    assert sched.kv.num_free_host_blocks + sched.kv.num_swapped_blocks("c1") == 64    # c0's copy is released
+    assert nxt.status is RequestStatus.FINISHED
+
+
 def test_a_discarded_hold_and_a_diverging_context_take_nothing_over():
     sched = make(KVAction.DISCARD)
     c0 = first_call(sched)

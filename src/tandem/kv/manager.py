@@ -245,6 +245,23 @@ class KVCacheManager:
         self._cache_full_blocks(request, request.num_computed_tokens)
         return [(h, b.block_id) for h, b in zip(host, blocks)]
 
+    def drop_swapped_if_cached(self, request: Request) -> bool:
+        """Host memory is the second tier: a swap-out leaves the device blocks in the prefix cache
+        until something reuses them. If every full block of a swapped request's context is still
+        there, forget the host copy (its blocks are reusable after this step, as after a swap-in)
+        and return True: the request takes its context from the prefix cache like a new one,
+        without the copy back (the caller resets its computed tokens). False: swap it in."""
+        host = self._swapped.get(request.request_id)
+        if not host or not self.enable_prefix_caching:
+            return False
+        full = request.num_computed_tokens // self.block_size
+        hashes = self._hash(request, full * self.block_size)
+        if len(hashes) < full or any(self.pool.lookup(h) is None for h in hashes[:full]):
+            return False
+        del self._swapped[request.request_id]
+        self._host_released.extend(reversed(host))
+        return True
+
     def end_step(self) -> None:
         """Host blocks released by this step's swap-ins become reusable."""
         self._free_host.extend(self._host_released)

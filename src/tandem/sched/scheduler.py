@@ -215,6 +215,11 @@ class Scheduler:
         self.pauses.resume(r, token_ids, now)
         self._push_waiting(r, now)
 
+    def expire_sessions(self, now: float) -> None:
+        """Free the contexts sessions hold past their ceiling (every step does; an idle engine
+        calls this between steps)."""
+        self.sessions.expire(now)
+
     # --- the step --------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
         self.num_steps += 1
@@ -286,6 +291,11 @@ class Scheduler:
                 i += 1                          # starving requests hold their share of the batch
                 continue
             swapped = self.kv.is_swapped(request.request_id)
+            if swapped and self.kv.drop_swapped_if_cached(request):
+                swapped = False                 # its context is still in the device prefix cache
+                if request.times.first_scheduled is None:
+                    request.num_cached_tokens -= request.num_computed_tokens    # (counted below instead)
+                request.num_computed_tokens = 0
             computed_blocks, num_cached = ([], 0) if swapped else self.kv.get_computed_blocks(request)
             base = request.num_computed_tokens + num_cached      # > 0 when resuming with kept KV
             num_new = request.num_tokens - base
