@@ -10,6 +10,7 @@ import json
 from server_helpers import LiveServer
 
 from tandem import LLM
+from tandem.config import RetentionConfig
 from tandem.bench.agents import ReplayOptions, bench_agents
 from tandem.bench.serve_client import Target
 from tandem.engine.async_engine import AsyncLLMEngine
@@ -55,6 +56,31 @@ def test_the_replay_sends_every_call_and_the_server_takes_over_held_contexts(tin
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_short_soak_loses_no_call_and_gives_all_kv_back(tiny_llama, tmp_path):
+    """The soak's CI version: sessions keep starting for a few seconds against a server that holds
+    them; every planned call is answered, /metrics is scraped along the way, and once the last
+    session has ended, what the sessions held comes back (here at a 1 s hold ceiling)."""
+    llm = LLM(model=str(tiny_llama), dtype="float32", progress=False, max_num_seqs=8, scheduling_policy="infercept",
+              session_retention=RetentionConfig(max_hold_s=1.0))
+    engine = AsyncLLMEngine(llm.engine)
+    server = LiveServer(create_app(engine, "tiny"))
+    try:
+        opts = ReplayOptions(rate=2.0, token_scale=0.01, time_scale=0.01, soak_s=4.0, sample_s=0.5, drain_s=30.0)
+        data = bench_agents(Target(server.url, "tiny", ignore_eos=True), load_sessions(_trace(tmp_path)), opts,
+                            None, "soak", log=lambda *_: None)
+    finally:
+        server.stop()
+        engine.shutdown()
+    soak = data["soak"]
+    ids = {r["session"] for r in data["records"]}
+    assert len(ids) >= 3 and {i.split("#")[0] for i in ids} == {"s0", "s1"}     # the trace, cycled
+    assert soak["calls_lost"] == 0 and soak["calls_answered"] == soak["calls_planned"] == 3 * len(ids)
+    assert max(m["num_sessions_held"] for m in soak["samples"]) >= 1            # sessions were held ...
+    assert soak["drained"] and soak["kv_usage_end"] == 0 and soak["sessions_held_end"] == 0, soak["samples"][-3:]
+    assert soak["rss_after_warmup_bytes"] > 0 and "rss_growth" in soak
+    assert llm.engine.scheduler.sessions.num_expired >= 1
+
+
 def test_bench_agents_rejects_bad_input_before_sending(tmp_path, capsys):
     from tandem.cli import main
 
@@ -63,6 +89,6 @@ def test_bench_agents_rejects_bad_input_before_sending(tmp_path, capsys):
     other.write_text('{"bench": "serve"}')
     for args, message in ((["--person-wait", "soon"], "person_wait"), (["--num-sessions", "0"], ">= 1"),
                           (["--trace", str(tmp_path / "none.jsonl")], "No such file"),
-                          (["--compare", str(other)], "--compare takes")):
+                          (["--compare", str(other)], "--compare takes"), (["--soak-s", "0"], "--soak-s")):
         rc = main(["bench", "agents", "--url", "http://127.0.0.1:9", "--rate", "1", "--trace", str(trace), *args])
         assert rc == 2 and message in capsys.readouterr().err, args

@@ -79,6 +79,7 @@ def test_metrics_under_vllm_names_too(server):
     assert tandem_names and any(k.startswith("vllm:generation_tokens_total") for k in samples)
     for k, v in tandem_names.items():
         assert samples["vllm:" + k.removeprefix("tandem:")] == v, k
+    assert samples["process_resident_memory_bytes[]"] > 10 * 2**20      # the process's own, as on vLLM
 
 
 def test_metrics_prefix_can_be_only_vllms(engine):

@@ -16,6 +16,15 @@ use it; others ignore it). Token counts and waits are scaled by `token_scale` an
 Per run: LLM time per session (the sum of its calls' latencies, the agent's waits excluded) mean,
 p50, p99; TTFT per call p50, p99; TPOT p50; sessions per hour within the SLO (every call's TTFT <=
 ttft_slo_s); failed calls. Client-side only: what the server did with its KV is its own report.
+
+A soak (`soak_s`): sessions keep starting for `soak_s` seconds, cycling through the trace (each
+pass under fresh session ids), and the server's /metrics is scraped every `sample_s` seconds:
+resident memory (`process_resident_memory_bytes`), KV usage, sessions held and requests in flight.
+When the last session ends, the scrape goes on until nothing is held or in flight (at most
+`drain_s`: a server frees what sessions hold at its hold ceiling). The report says whether any
+planned call was lost (failed, or never sent because its session failed), how much resident
+memory grew after the warm-up (the first `warmup_share` of the soak), and whether the KV came back
+to 0.
 """
 
 from __future__ import annotations
@@ -67,6 +76,10 @@ class ReplayOptions:
     seed: int = 0
     ttft_slo_s: float = 5.0
     timeout_s: float = 600.0
+    soak_s: float | None = None          # keep starting sessions for this long (cycling the trace)
+    sample_s: float = 5.0                # a soak scrapes /metrics this often
+    drain_s: float = 660.0               # and waits at most this long for held KV to come back
+    warmup_share: float = 0.1            # the soak's start that resident memory is judged after
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -121,20 +134,115 @@ async def run_session(client: httpx.AsyncClient, target: Target, sid: str, plan:
         conv.add_reply(res.text, call.output_tokens)
 
 
-async def replay(target: Target, sessions: list[AgentSession], opts: ReplayOptions) -> tuple[list[CallRecord], float]:
-    plans = [replay_plan(s, opts.person_wait, opts.window, opts.token_scale, opts.time_scale) for s in sessions]
-    starts = make_arrivals("poisson", opts.rate, random.Random(opts.seed + 1), n=len(sessions))
+def schedule(sessions: list[AgentSession], opts: ReplayOptions) -> list[tuple[str, AgentSession, float]]:
+    """(session id, session, start s) for each session the run starts: the trace's sessions once at
+    Poisson starts, or, in a soak, as many as start within `soak_s`, cycling through the trace."""
+    rng = random.Random(opts.seed + 1)
+    if opts.soak_s is None:
+        starts = make_arrivals("poisson", opts.rate, rng, n=len(sessions))
+        return [(s.session_id, s, t) for s, t in zip(sessions, starts)]
+    starts = make_arrivals("poisson", opts.rate, rng, duration_s=opts.soak_s)
+    return [(f"{sessions[i % len(sessions)].session_id}#{i // len(sessions)}", sessions[i % len(sessions)], t)
+            for i, t in enumerate(starts)]
+
+
+METRICS = ("process_resident_memory_bytes", "kv_cache_usage_perc", "num_sessions_held", "num_requests_running",
+           "num_requests_waiting", "num_requests_paused")
+
+
+async def scrape(client: httpx.AsyncClient, target: Target) -> dict[str, float] | None:
+    """The server's figures named in METRICS (under the tandem: or vllm: prefix), or None if it
+    serves no /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        resp = await client.get(f"{target.base_url}/metrics", timeout=10.0)
+        if resp.status_code != 200:
+            return None
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(resp.text):
+            name = family.name.split(":", 1)[-1]
+            if name in METRICS and name not in found and family.samples:
+                found[name] = float(family.samples[0].value)
+        return found
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _idle(m: dict[str, float]) -> bool:
+    return all(m.get(k, 0.0) == 0.0 for k in METRICS[1:])
+
+
+async def sample_metrics(client: httpx.AsyncClient, target: Target, opts: ReplayOptions, t0: float,
+                         done: asyncio.Event, samples: list[dict[str, float]]) -> None:
+    """Scrape every `sample_s` until `done`, then until the server holds nothing (or `drain_s`)."""
+    drain_until = None
+    while True:
+        m = await scrape(client, target)
+        if m is None:
+            return
+        samples.append({"t": time.perf_counter() - t0} | m)
+        if done.is_set():
+            drain_until = drain_until or time.perf_counter() + opts.drain_s
+            if _idle(m) or time.perf_counter() >= drain_until:
+                return
+            await asyncio.sleep(min(opts.sample_s, 1.0))
+            continue
+        try:
+            await asyncio.wait_for(done.wait(), opts.sample_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def replay(target: Target, sessions: list[AgentSession], opts: ReplayOptions
+                 ) -> tuple[list[CallRecord], float, int, list[dict[str, float]]]:
+    """Run the replay: the calls' records, the duration until the last session ended, the number of
+    calls planned, and (in a soak) the server's scraped figures."""
+    runs = schedule(sessions, opts)
+    plans = {s.session_id: replay_plan(s, opts.person_wait, opts.window, opts.token_scale, opts.time_scale)
+             for s in sessions}
     records: list[CallRecord] = []
-    limits = httpx.Limits(max_connections=max(16, len(sessions)), max_keepalive_connections=max(16, len(sessions)))
+    samples: list[dict[str, float]] = []
+    width = max(16, min(len(runs), 256))
+    limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     async with httpx.AsyncClient(timeout=opts.timeout_s, limits=limits) as client:
         t0 = time.perf_counter()
+        done = asyncio.Event()
+        sampler = (asyncio.create_task(sample_metrics(client, target, opts, t0, done, samples))
+                   if opts.soak_s is not None else None)
         await asyncio.gather(*(
-            run_session(client, target, s.session_id, plan,
+            run_session(client, target, sid, plans[s.session_id],
                         (round((s.system_tokens + s.tool_tokens) * opts.token_scale), (s.system_tokens, s.tool_tokens)),
                         start, t0, opts.seed, records)
-            for s, plan, start in zip(sessions, plans, starts)))
+            for sid, s, start in runs))
         duration = time.perf_counter() - t0
-    return records, duration
+        done.set()
+        if sampler is not None:
+            await sampler
+    return records, duration, sum(len(plans[s.session_id]) for _, s, _ in runs), samples
+
+
+def soak_report(samples: list[dict[str, float]], opts: ReplayOptions, planned: int,
+                records: list[CallRecord]) -> dict[str, Any]:
+    """What a soak shows: calls lost, resident memory after the warm-up, KV at the end."""
+    ok = sum(r.ok for r in records)
+    out: dict[str, Any] = {"soak_s": opts.soak_s, "calls_planned": planned, "calls_answered": ok,
+                           "calls_lost": planned - ok, "samples": samples}
+    rss = [(m["t"], m["process_resident_memory_bytes"]) for m in samples if "process_resident_memory_bytes" in m]
+    warm = [v for t, v in rss if t >= opts.warmup_share * (opts.soak_s or 0.0)]
+    if warm:
+        out["rss_after_warmup_bytes"] = warm[0]
+        out["rss_max_bytes"] = max(warm)
+        out["rss_end_bytes"] = warm[-1]
+        out["rss_growth"] = max(warm) / warm[0] - 1
+    if samples:
+        last = samples[-1]
+        out["kv_usage_end"] = last.get("kv_cache_usage_perc")
+        out["sessions_held_end"] = last.get("num_sessions_held")
+        out["in_flight_end"] = sum(last.get(k, 0.0) for k in METRICS[3:])
+        out["drained"] = _idle(last)
+        out["end_s"] = last["t"]
+    return out
 
 
 def summarize(records: list[CallRecord], duration_s: float, ttft_slo_s: float) -> dict[str, Any]:
@@ -146,7 +254,7 @@ def summarize(records: list[CallRecord], duration_s: float, ttft_slo_s: float) -
 
 def bench_agents(target: Target, sessions: list[AgentSession], opts: ReplayOptions, json_path: str | None,
                  label: str = "", log=print) -> dict[str, Any]:
-    records, duration = asyncio.run(replay(target, sessions, opts))
+    records, duration, planned, samples = asyncio.run(replay(target, sessions, opts))
     summary = summarize(records, duration, opts.ttft_slo_s)
     llm, ttft = summary["llm_time_per_session_s"], summary["ttft_s"]
     log(f"{label or target.base_url}: {summary['sessions']} sessions, {summary['calls']} calls "
@@ -156,5 +264,13 @@ def bench_agents(target: Target, sessions: list[AgentSession], opts: ReplayOptio
     data = {"bench": "agents", "label": label, "machine": machine_info(), "target": target.base_url,
             "model": target.model, "options": {k: v for k, v in opts.__dict__.items() if k != "extra"} | opts.extra,
             "summary": summary, "records": [r.__dict__ | {"tpot_s": r.tpot_s} for r in records]}
+    if opts.soak_s is not None:
+        soak = data["soak"] = soak_report(samples, opts, planned, records)
+        growth = soak.get("rss_growth")
+        log(f"soak {opts.soak_s:g} s: {soak['calls_lost']} of {planned} planned calls lost; resident memory "
+            + (f"{soak['rss_after_warmup_bytes'] / 2**20:.0f} MiB after warm-up, max {soak['rss_max_bytes'] / 2**20:.0f} "
+               f"({growth:+.1%}), end {soak['rss_end_bytes'] / 2**20:.0f}" if growth is not None else "not served")
+            + (f"; at {soak['end_s']:.0f} s KV usage {soak['kv_usage_end']}, sessions held {soak['sessions_held_end']:g}, "
+               f"in flight {soak['in_flight_end']:g}" if "end_s" in soak else "; no /metrics"))
     write_json(json_path, data)
     return data

@@ -161,6 +161,11 @@ AGENTS_DESCRIPTION = """Agent sessions with client-side tools, replayed over HTT
 
     tandem bench agents --url http://127.0.0.1:8000 --rate SESSIONS_PER_S [--trace FILE] [--part report|fit|all]
         [--num-sessions N] [--token-scale F] [--time-scale F] [--person-wait cap:S|cut] [--json PATH]
+        [--soak-s SECONDS [--drain-s SECONDS]]
+
+A soak (--soak-s) keeps starting sessions for that long, cycling through the N sessions, scrapes the
+server's /metrics as it goes, and reports calls lost, resident memory after the warm-up and whether
+the KV the sessions held came back once they ended.
 """
 
 
@@ -183,6 +188,12 @@ def add_agents_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentPars
     g.add_argument("--ttft-slo", type=float, default=5.0, help="a session is within the SLO if every call's TTFT is")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--timeout", type=float, default=600.0, help="per-call timeout in seconds")
+    g.add_argument("--soak-s", type=float, default=None,
+                   help="soak: keep starting sessions for this many seconds, cycling the trace's N sessions")
+    g.add_argument("--drain-s", type=float, default=660.0,
+                   help="soak: after the last session, wait at most this long for held KV to come back "
+                        "(above the server's --session-max-hold-s)")
+    g.add_argument("--sample-s", type=float, default=5.0, help="soak: scrape /metrics this often")
     g.add_argument("--label", default="", help="names the run in the results (e.g. the server's policy)")
     g.add_argument("--json", default=None)
     g.add_argument("--plot", default=None, metavar="PNG",
@@ -210,6 +221,8 @@ def cmd_bench_agents(a: argparse.Namespace) -> int:
             raise ValueError("--num-sessions and --max-calls must be >= 1")
         if a.token_scale <= 0 or a.time_scale < 0:
             raise ValueError("--token-scale must be > 0 and --time-scale >= 0")
+        if (a.soak_s is not None and a.soak_s <= 0) or a.drain_s < 0 or a.sample_s <= 0:
+            raise ValueError("--soak-s and --sample-s must be > 0, --drain-s >= 0")
         sessions = load_sessions(a.trace)
         if a.part != "all":
             sessions = split(sessions)[0 if a.part == "fit" else 1]
@@ -226,7 +239,7 @@ def cmd_bench_agents(a: argparse.Namespace) -> int:
     target = Target(url, a.model or discover_model(url, a.api_key, log), "chat", a.api_key,
                     temperature=a.temperature, ignore_eos=True)
     opts = ReplayOptions(a.rate, a.token_scale, a.time_scale, a.person_wait, a.context_window, a.seed, a.ttft_slo,
-                         a.timeout, extra={"trace": a.trace, "part": a.part, "num_sessions": a.num_sessions,
+                         a.timeout, a.soak_s, a.sample_s, a.drain_s, extra={"trace": a.trace, "part": a.part, "num_sessions": a.num_sessions,
                                            "max_calls": a.max_calls})
     data = bench_agents(target, sessions, opts, a.json, a.label, log)
     if a.json:
@@ -235,4 +248,6 @@ def cmd_bench_agents(a: argparse.Namespace) -> int:
         from tandem.bench.plots import plot_agent_runs
 
         print(f"plot written to {plot_agent_runs(others + [data], a.plot)}")
+    if "soak" in data and (data["soak"]["calls_lost"] or not data["soak"].get("drained", True)):
+        return 1                                   # a soak that lost a call or kept KV fails
     return 1 if data["summary"]["calls"] and data["summary"]["failed_calls"] == data["summary"]["calls"] else 0

@@ -167,6 +167,7 @@ class AsyncLLMEngine:
         while not self._stop.is_set():
             self._apply_commands(block=not self.engine.has_unfinished_requests())
             if not self.engine.has_unfinished_requests():
+                self.engine.expire_held_sessions()
                 self._stats = self.engine.stats()
                 continue
             try:

@@ -194,6 +194,11 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def expire_held_sessions(self) -> None:
+        """Free what sessions hold past their ceiling. Each step does this; an idle engine, which
+        runs no step, calls it from its loop, or an idle server would hold them forever."""
+        self.scheduler.expire_sessions(self.clock())
+
     # --- the step --------------------------------------------------------------------------
     def wait_for_tools(self, timeout_s: float = 0.05) -> None:
         """Nothing to compute while requests wait on tools: block until one may have returned."""

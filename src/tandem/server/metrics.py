@@ -7,7 +7,8 @@ Two sources: engine-wide figures (gauges and counters: running / waiting / pause
 usage, token counts, preemptions, prefix cache, speculation and tool counters) are read from
 `AsyncLLMEngine.stats()` at scrape time by a collector; per-request latencies (TTFT, inter-token,
 end-to-end, queue time) and finished-request counts are observed by the serving code as outputs
-arrive. Each app has its own `CollectorRegistry`, so several apps can live in one process.
+arrive. The process's own figures (`process_resident_memory_bytes`, CPU seconds, open files) come
+from prometheus-client's process collector, as on a vLLM server. Each app has its own `CollectorRegistry`, so several apps can live in one process.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -105,6 +106,7 @@ class ServerMetrics:
         self.clock = clock
         self.prefixes = prefixes
         self.registry.register(EngineStatsCollector(stats, model_name, prefixes))
+        ProcessCollector(registry=self.registry)      # process_resident_memory_bytes, CPU seconds, fds
         labels = ["model_name"]
         r = self.registry
         self.success = _Each([Counter(p + "request_success", "Count of successfully processed requests.",
