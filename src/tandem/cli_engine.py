@@ -51,7 +51,7 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, b
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--scheduling-policy", default="fcfs",
-                   help="fcfs | fcfs-discard | infercept | augserve | augserve-stage1 | augserve-stage2")
+                   help="fcfs | fcfs-discard | infercept | augserve | augserve-stage1 | augserve-stage2 | continuum")
     g.add_argument("--swap-space-gb", type=float, default=0.25, help="host memory for KV swapped out in tool pauses")
     g.add_argument("--session-max-hold-s", type=float, default=600.0,
                    help="a session's held KV (x-session-id / user) is freed after this long (default 600)")

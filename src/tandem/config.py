@@ -11,7 +11,7 @@ from tandem.errors import ConfigError
 # float activations, float weights only.
 QUANTIZATIONS = ("auto", "gguf", "gguf-float", "none")
 # The scheduling policies tandem.sched.policies builds by name (its docstring says what each does).
-POLICY_NAMES = ("fcfs", "fcfs-discard", "infercept", "augserve-stage1", "augserve-stage2", "augserve")
+POLICY_NAMES = ("fcfs", "fcfs-discard", "infercept", "augserve-stage1", "augserve-stage2", "augserve", "continuum")
 
 
 @dataclass(frozen=True)

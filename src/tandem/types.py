@@ -117,6 +117,7 @@ class RequestTimes:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
+    program_start: float | None = None   # its session's first call's arrival (sched/retention.py)
 
 
 @dataclass(eq=False)

@@ -7,6 +7,8 @@
     augserve-stage1       Stage I ordering (predicted service time, fixed at arrival) + min-waste
     augserve-stage2       + Stage II live re-ordering with anti-starvation
     augserve              + the dynamic token budget (the full system)
+    continuum             program-level FCFS (a session's calls rank by its first arrival); a finished
+                          call's KV pinned on the device for a time-to-live (sched/continuum.py)
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from tandem.config import POLICY_NAMES
 from tandem.sched.budget import DynamicBudget, StaticBudget, TokenBudget
+from tandem.sched.continuum import ContinuumTTL, ProgramFCFS
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.ordering import FCFS, AugServeOrdering, Ordering
 from tandem.sched.predictor import OutputLengthPredictor, ToolStats
@@ -38,6 +41,9 @@ class SchedulingPolicy:
     # A finished request with a session key leaves its KV held for the session's next call, under
     # the pause rule (sched/retention.py). vLLM-like FCFS frees it (the prefix cache keeps what it keeps).
     holds_sessions: bool = False
+    # How long a session's context is held on the device (Continuum's TTL rule); None: the pause
+    # rule decides, as for a tool call.
+    hold_ttl: ContinuumTTL | None = None
 
 
 def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swap_s_per_token: float = 5e-6,
@@ -56,6 +62,9 @@ def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swa
     min_waste = MinWaste(cost, swap_s_per_token)
     if name == "infercept":
         return SchedulingPolicy(name, FCFS(), static, min_waste, tools=tools, holds_sessions=True)
+    if name == "continuum":
+        return SchedulingPolicy(name, ProgramFCFS(), static, FixedAction(KVAction.PRESERVE), tools=tools,
+                                holds_sessions=True, hold_ttl=ContinuumTTL(cost))
     ordering = AugServeOrdering(lengths, tools, stage2=name != "augserve-stage1", max_wait_s=max_wait_s,
                                 decode_token_s=cost.time(1), prefill_token_s=cost.per_token_s)
     budget: TokenBudget = static

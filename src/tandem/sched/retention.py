@@ -17,16 +17,27 @@ share of the device cache that held sessions may keep (`max_share`; past it they
 and blocks per owner (`max_blocks_per_owner`, device and host; past it the context is freed).
 Sessions are keyed by (owner, key): one owner cannot resume another's session. No clock: `now`
 arrives from the scheduler.
+
+With a TTL rule (`ttl`, Continuum's: sched/continuum.py) instead of min-waste, a context is kept on
+the device for the TTL the rule picks (none: freed at once) and freed when it runs out. Either way
+the book remembers, for a bounded number of sessions, when each session's first call arrived
+(`times.program_start` of its later calls: program-level ordering) and when its last call finished
+(the gaps the TTL rule learns from, also for sessions whose context was not held).
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import OrderedDict
+
 from tandem.config import RetentionConfig
 from tandem.kv import KVCacheManager
+from tandem.sched.continuum import ContinuumTTL
 from tandem.sched.pauses import PauseBook
 from tandem.types import KVAction, Request
 
 CLIENT_TOOL = "client-tool"     # the ToolStats key of every session's gaps: each session's prior
+MAX_REMEMBERED = 65536          # sessions whose first arrival and last finish are remembered
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -44,12 +55,24 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return lo
 
 
+def _remember(table: OrderedDict, key: tuple[str, str], value: float) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    if len(table) > MAX_REMEMBERED:
+        table.popitem(last=False)
+
+
 class SessionBook:
-    def __init__(self, kv: KVCacheManager, pauses: PauseBook, limits: RetentionConfig | None = None) -> None:
+    def __init__(self, kv: KVCacheManager, pauses: PauseBook, limits: RetentionConfig | None = None,
+                 ttl: ContinuumTTL | None = None) -> None:
         self.kv = kv
         self.pauses = pauses
         self.limits = limits or RetentionConfig()
+        self.ttl = ttl
         self.held: dict[tuple[str, str], Request] = {}     # (owner, key) -> the finished call holding it
+        self._deadlines: list[tuple[float, str, tuple[str, str]]] = []   # TTLs: (until, request id, session)
+        self._first_arrival: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._last_finish: OrderedDict[tuple[str, str], float] = OrderedDict()
         self.num_adopted_tokens = 0       # context tokens a session's next call took over
         self.num_expired = 0              # held contexts freed at the ceiling
         self.num_capped = 0               # contexts not held: their owner was at its cap
@@ -65,6 +88,7 @@ class SessionBook:
         """`r` finished with a session key: hold its KV for the session's next call (the action
         taken), or None if nothing is held (the caller frees its KV)."""
         sid = (r.session.owner, r.session.key)
+        _remember(self._last_finish, sid, now)
         old = self.held.pop(sid, None)
         if old is not None:                       # a session holds one context: its latest
             self._release(old, forget=False)
@@ -76,10 +100,24 @@ class SessionBook:
             return None
         on_device = sum(self.kv.num_blocks_of(h.request_id) for h in self.held.values())
         can_preserve = on_device + nblocks <= self.limits.max_share * self.kv.num_blocks
+        if self.ttl is not None:
+            return self._pin(r, sid, now, nblocks, can_preserve, other_tokens)
         tool = self._tool(sid)
         expected = self.pauses.tools.duration(tool, default=self.pauses.tools.duration(CLIENT_TOOL))
         action = self.pauses.pause(r, now, expected, other_tokens, tool, can_preserve, tool_call=False)
         self.held[sid] = r
+        return action
+
+    def _pin(self, r: Request, sid: tuple[str, str], now: float, nblocks: int, can_preserve: bool,
+             other_tokens: int) -> KVAction | None:
+        """Continuum's hold: on the device for the TTL rule's time-to-live, or not at all."""
+        ttl = self.ttl.ttl_s(r.num_computed_tokens, nblocks / self.kv.num_blocks, self.kv.usage,
+                             self.limits.max_hold_s) if can_preserve else 0.0
+        if ttl <= 0:
+            return None
+        action = self.pauses.pause(r, now, ttl, other_tokens, self._tool(sid), True, tool_call=False)
+        self.held[sid] = r
+        heapq.heappush(self._deadlines, (now + ttl, r.request_id, sid))
         return action
 
     def adopt(self, new: Request, now: float) -> int:
@@ -87,6 +125,11 @@ class SessionBook:
         held context `new` starts with (whole blocks; at least one token is left to compute).
         Returns the tokens taken over (0: nothing held, or nothing in common)."""
         sid = (new.session.owner, new.session.key)
+        new.times.program_start = self._first_arrival.setdefault(sid, new.arrival_time)
+        _remember(self._first_arrival, sid, new.times.program_start)
+        last = self._last_finish.pop(sid, None)
+        if last is not None and self.ttl is not None:
+            self.ttl.observe(now - last)
         held = self.held.pop(sid, None)
         if held is None:
             return 0
@@ -106,6 +149,13 @@ class SessionBook:
     def expire(self, now: float) -> None:
         """Free the contexts held longer than the ceiling. Every step calls this: `held` is in
         hold order (a context is inserted when held), so it stops at the first one still young."""
+        while self._deadlines and self._deadlines[0][0] <= now:     # TTLs run out (Continuum)
+            _, rid, sid = heapq.heappop(self._deadlines)
+            r = self.held.get(sid)
+            if r is not None and r.request_id == rid:
+                del self.held[sid]
+                self._release(r)
+                self.num_expired += 1
         ceiling = self.limits.max_hold_s
         while self.held:
             sid, r = next(iter(self.held.items()))
@@ -125,6 +175,7 @@ class SessionBook:
         for r in self.held.values():
             self._release(r)
         self.held.clear()
+        self._deadlines.clear()
 
     def _release(self, r: Request, forget: bool = True) -> None:
         if r.request_id in self.pauses.paused:

@@ -59,7 +59,7 @@ class Scheduler:
         self.ordering = self.policy.ordering
         self.budget = self.policy.budget
         self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
-        self.sessions = SessionBook(kv, self.pauses, config.retention)   # KV held between a session's calls
+        self.sessions = SessionBook(kv, self.pauses, config.retention, self.policy.hold_ttl)   # KV held between a session's calls
         self._starved: set[str] = set()     # running requests admitted while they starved
         self.requests: dict[str, Request] = {}
         self.reconfigure_speculation(speculation)    # self.drafts
@@ -195,7 +195,7 @@ class Scheduler:
         self.policy, self.ordering, self.budget = policy, policy.ordering, policy.budget
         self.sessions.release_all()         # (held by the old policy's rule)
         self.pauses = PauseBook(self.kv, policy.pause, policy.tools)
-        self.sessions = SessionBook(self.kv, self.pauses, self.config.retention)
+        self.sessions = SessionBook(self.kv, self.pauses, self.config.retention, policy.hold_ttl)
 
     # --- tool calls ----------------------------------------------------------------------------
     def pause_request(self, request_id: str, now: float, expected_s: float | None = None, tool: str = "") -> KVAction:

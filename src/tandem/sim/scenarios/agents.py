@@ -4,6 +4,7 @@ whole context, and the next call follows its wait after the previous one finishe
 session; sessions start as a Poisson process). Policies, all on the same Scheduler:
 
     vllm-lru    every call a new request; the prefix cache (LRU) keeps what it keeps; FCFS
+    continuum   the session's KV pinned on the device for a TTL from Continuum's rule; program FCFS
     infercept   the session's KV held between calls by the min-waste rule; FCFS
     tandem      held by the min-waste rule, plus AugServe's ordering and token budget
 
@@ -38,7 +39,8 @@ from tandem.sim.sessions import Session, Turn
 from tandem.workload.agent_sessions import AgentSession, load_sessions, replay_plan, split
 from tandem.workload.arrivals import make_arrivals
 
-POLICIES = {"vllm-lru": ("fcfs", False), "infercept": ("infercept", True), "tandem": ("augserve", True)}
+POLICIES = {"vllm-lru": ("fcfs", False), "continuum": ("continuum", True), "infercept": ("infercept", True),
+            "tandem": ("augserve", True)}
 
 
 @dataclass
