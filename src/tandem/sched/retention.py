@@ -115,7 +115,7 @@ class SessionBook:
                              self.limits.max_hold_s) if can_preserve else 0.0
         if ttl <= 0:
             return None
-        action = self.pauses.pause(r, now, ttl, other_tokens, self._tool(sid), True, tool_call=False)
+        action = self.pauses.pause(r, now, ttl, other_tokens, self._tool(sid), can_preserve=True, tool_call=False)
         self.held[sid] = r
         heapq.heappush(self._deadlines, (now + ttl, r.request_id, sid))
         return action
@@ -147,8 +147,10 @@ class SessionBook:
         return tokens
 
     def expire(self, now: float) -> None:
-        """Free the contexts held longer than the ceiling. Every step calls this: `held` is in
-        hold order (a context is inserted when held), so it stops at the first one still young."""
+        """Free the contexts whose TTL ran out (a heap of deadlines; an entry whose context was
+        taken over or replaced is skipped) and those held longer than the ceiling. Every step calls
+        this: `held` is in hold order (a context is inserted when held), so the ceiling's scan
+        stops at the first one still young."""
         while self._deadlines and self._deadlines[0][0] <= now:     # TTLs run out (Continuum)
             _, rid, sid = heapq.heappop(self._deadlines)
             r = self.held.get(sid)
