@@ -146,8 +146,9 @@ def schedule(sessions: list[AgentSession], opts: ReplayOptions) -> list[tuple[st
             for i, t in enumerate(starts)]
 
 
-METRICS = ("process_resident_memory_bytes", "kv_cache_usage_perc", "num_sessions_held", "num_requests_running",
-           "num_requests_waiting", "num_requests_paused")
+IN_FLIGHT = ("num_requests_running", "num_requests_waiting", "num_requests_paused")
+HELD = ("kv_cache_usage_perc", "num_sessions_held") + IN_FLIGHT      # all 0: the server holds nothing
+METRICS = ("process_resident_memory_bytes",) + HELD
 
 
 async def scrape(client: httpx.AsyncClient, target: Target) -> dict[str, float] | None:
@@ -170,7 +171,7 @@ async def scrape(client: httpx.AsyncClient, target: Target) -> dict[str, float] 
 
 
 def _idle(m: dict[str, float]) -> bool:
-    return all(m.get(k, 0.0) == 0.0 for k in METRICS[1:])
+    return all(m.get(k, 0.0) == 0.0 for k in HELD)
 
 
 async def sample_metrics(client: httpx.AsyncClient, target: Target, opts: ReplayOptions, t0: float,
@@ -239,7 +240,7 @@ def soak_report(samples: list[dict[str, float]], opts: ReplayOptions, planned: i
         last = samples[-1]
         out["kv_usage_end"] = last.get("kv_cache_usage_perc")
         out["sessions_held_end"] = last.get("num_sessions_held")
-        out["in_flight_end"] = sum(last.get(k, 0.0) for k in METRICS[3:])
+        out["in_flight_end"] = sum(last.get(k, 0.0) for k in IN_FLIGHT)
         out["drained"] = _idle(last)
         out["end_s"] = last["t"]
     return out

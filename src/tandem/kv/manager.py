@@ -71,14 +71,7 @@ class KVCacheManager:
         """Longest cached prefix of the request, in full blocks; at least one token stays to compute."""
         if not self.enable_prefix_caching or request.num_computed_tokens > 0:
             return [], 0
-        hashes = self._hash(request)
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[Block] = []
-        for h in hashes[:max_blocks]:
-            block = self.pool.lookup(h)
-            if block is None:
-                break
-            hits.append(block)
+        hits = self._cached_prefix(self._hash(request), (request.num_tokens - 1) // self.block_size)
         return hits, len(hits) * self.block_size
 
     # --- check / act ---------------------------------------------------------------------
@@ -255,8 +248,7 @@ class KVCacheManager:
         if not host or not self.enable_prefix_caching:
             return False
         full = request.num_computed_tokens // self.block_size
-        hashes = self._hash(request, full * self.block_size)
-        if len(hashes) < full or any(self.pool.lookup(h) is None for h in hashes[:full]):
+        if len(self._cached_prefix(self._hash(request, full * self.block_size), full)) < full:
             return False
         del self._swapped[request.request_id]
         self._host_released.extend(reversed(host))
@@ -274,6 +266,16 @@ class KVCacheManager:
             self._free_host.extend(reversed(host))
 
     # --- internals -----------------------------------------------------------------------
+    def _cached_prefix(self, hashes: list[BlockHash], max_blocks: int) -> list[Block]:
+        """The cached blocks of the longest prefix of `hashes` (at most `max_blocks`)."""
+        hits: list[Block] = []
+        for h in hashes[:max_blocks]:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
     def _hash(self, request: Request, limit_tokens: int | None = None) -> list[BlockHash]:
         return hash_full_blocks(request.token_ids, self.block_size, self._known_hashes(request), limit_tokens,
                                 root_hash(request.session.cache_salt))

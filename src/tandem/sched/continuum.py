@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 
 from tandem.sched.cost_model import StepCostModel
+from tandem.sched.ordering import FCFS
 from tandem.types import Request
 
 
@@ -60,17 +61,9 @@ class ContinuumTTL:
         return best_tau
 
 
-class ProgramFCFS:
+class ProgramFCFS(FCFS):
     """First come, first served by program: a call ranks by its session's first arrival (a call
     without a session, by its own), ties by submission order."""
-
-    dynamic = False
-
-    def observe_memory(self, kv_usage: float) -> None:
-        pass
-
-    def starving_slots(self, num_running: int, request: Request, now: float) -> int | None:
-        return None
 
     def key(self, request: Request, now: float) -> tuple:
         start = request.times.program_start

@@ -125,7 +125,7 @@ class SessionBook:
         held context `new` starts with (whole blocks; at least one token is left to compute).
         Returns the tokens taken over (0: nothing held, or nothing in common)."""
         sid = (new.session.owner, new.session.key)
-        new.times.program_start = self._first_arrival.setdefault(sid, new.arrival_time)
+        new.times.program_start = self._first_arrival.get(sid, new.arrival_time)
         _remember(self._first_arrival, sid, new.times.program_start)
         last = self._last_finish.pop(sid, None)
         if last is not None and self.ttl is not None:
