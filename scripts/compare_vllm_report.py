@@ -22,7 +22,7 @@ def from_raw(a, raw: Path) -> dict:
             f = raw / f"offline-{engine}-t{t}.json"
             if f.exists():
                 offline[f"{engine}-t{t}"] = json.loads(f.read_text())["output_tok_s"]
-    if len(offline) == 4:
+    if offline:
         out["offline"] = offline
     prompts = {}
     for tag in ("vllm", "tandem", "vllm-ngram", "tandem-ngram"):
@@ -54,7 +54,8 @@ def med(values: list) -> float | None:
 
 
 def markdown(data: dict) -> str:
-    lines = [f"Tandem vs vLLM {data['peer_version']} CPU build, same machine, one after the other "
+    model = Path(data.get("model", "")).name + (" (dummy weights)" if data.get("load_format") == "dummy" else "")
+    lines = [f"Tandem vs vLLM {data['peer_version']} CPU build on {model}, same machine, one after the other "
              f"({data['machine']}, dtype {data['dtype']}); medians; ratio = Tandem / vLLM "
              f"(for latencies below 1 is better). vLLM's environment: {data.get('vllm_env') or 'default'}.", ""]
     if "offline" in data:
@@ -63,8 +64,9 @@ def markdown(data: dict) -> str:
                   "ignore_eos (output tok/s):", "", "| sampling | vLLM | Tandem | Tandem / vLLM |",
                   "|---|---:|---:|---:|"]
         for t, label in (("0", "greedy"), ("1", "temperature 1")):
-            v, m = o[f"vllm-t{t}"], o[f"tandem-t{t}"]
-            lines.append(f"| {label} | {v:.1f} | {m:.1f} | {m / v:.2f} |")
+            v, m = o.get(f"vllm-t{t}"), o.get(f"tandem-t{t}")
+            if v and m:
+                lines.append(f"| {label} | {v:.1f} | {m:.1f} | {m / v:.2f} |")
         lines.append("")
     if "prompts" in data:
         p = data["prompts"]

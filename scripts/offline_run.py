@@ -21,7 +21,8 @@ import time
 
 
 def build(engine: str, model: str, dtype: str, max_model_len: int, vllm_memory_fraction: float,
-          ngram: bool = False, ignore_eos: bool = True, quantization: str = "auto", block_size: int | None = None):
+          ngram: bool = False, ignore_eos: bool = True, quantization: str = "auto", block_size: int | None = None,
+          load_format: str = "auto"):
     """A function running a batch of (ids, max_tokens, temperature) at once; returns output tokens."""
     blocks = {"block_size": block_size} if block_size else {}         # None: each engine's own default
     if engine == "vllm":
@@ -29,7 +30,7 @@ def build(engine: str, model: str, dtype: str, max_model_len: int, vllm_memory_f
 
         spec = ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
                 if ngram else None)
-        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, seed=0,
+        llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, seed=0, load_format=load_format,
                   gpu_memory_utilization=vllm_memory_fraction, speculative_config=spec, **blocks)
 
         def run(reqs, temperature):
@@ -42,7 +43,7 @@ def build(engine: str, model: str, dtype: str, max_model_len: int, vllm_memory_f
     from tandem import LLM, SamplingParams
 
     llm = LLM(model=model, dtype=dtype, max_model_len=max_model_len, progress=False,
-              speculative="ngram" if ngram else None, quantization=quantization, **blocks)
+              speculative="ngram" if ngram else None, quantization=quantization, load_format=load_format, **blocks)
 
     def run(reqs, temperature):
         params = [SamplingParams(temperature=temperature, max_tokens=r["max_tokens"], ignore_eos=ignore_eos)
@@ -68,12 +69,13 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default: the engine's own)")
     ap.add_argument("--quantization", default="auto", help="Tandem only: auto | gguf | gguf-float | none")
+    ap.add_argument("--load-format", default="auto", help="auto, or dummy: random weights from config.json (both)")
     ap.add_argument("--vllm-memory-fraction", type=float, default=0.5,
                     help="vLLM's gpu_memory_utilization: on CPU, the share of NUMA node 0's memory it reserves")
     a = ap.parse_args()
     reqs = json.load(open(a.requests))
     batch = build(a.engine, a.model, a.dtype, a.max_model_len, a.vllm_memory_fraction, a.ngram, not a.stop_at_eos,
-                  a.quantization, a.block_size)
+                  a.quantization, a.block_size, a.load_format)
     temperatures = [float(t) for t in str(a.temperature).split(",")]
     if len(temperatures) > 1 and "{t}" not in a.json:
         raise SystemExit("with several temperatures, --json must contain {t}")
@@ -81,6 +83,7 @@ def main() -> None:
     for temperature in temperatures:
         data = {"engine": a.engine, "temperature": temperature, "num_requests": len(reqs), "dtype": a.dtype,
                 "ngram": a.ngram, "ignore_eos": not a.stop_at_eos, "block_size": a.block_size,
+                "load_format": a.load_format,
                 "quantization": a.quantization if a.engine == "tandem" else None,
                 "machine": platform.processor() or platform.machine(),
                 "env": {k: os.environ[k] for k in ("LD_PRELOAD", "VLLM_CPU_NUM_OF_RESERVED_CPU") if k in os.environ}}

@@ -21,6 +21,7 @@ from tandem.bench.cli_args import add_agents_parser, add_calibrate_parser, add_s
 from tandem.cli_engine import SERVE_BATCHED_TOKENS, _make_llm, _model_args, _spec_config, _tools, served_model_name  # noqa: F401 (re-exported)
 from tandem.cli_serve import add_serve_arguments
 from tandem.errors import TandemError
+from tandem.models.shapes import SHAPES
 from tandem.sim.cli_args import add_predictor_parser, add_simulate_parser
 
 
@@ -78,6 +79,13 @@ def cmd_model_fetch(a: argparse.Namespace) -> int:
     from tandem.models.fetch import resolve_model
 
     print(resolve_model(a.model, progress=True))
+    return 0
+
+
+def cmd_model_dummy(a: argparse.Namespace) -> int:
+    from tandem.models.dummy_gguf import write_dummy_gguf
+
+    print(write_dummy_gguf(a.config, a.quantization, Path(a.out), seed=a.seed, progress=True))
     return 0
 
 
@@ -143,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     f = msub.add_parser("fetch", help="download and convert a model (default: SmolLM2-135M-Instruct)")
     f.add_argument("--model", default=None, help="HF directory, .gguf file or Hub repository org/name[@revision]")
     f.set_defaults(func=cmd_model_fetch)
+    dm = msub.add_parser("dummy", help="write a GGUF of a model shape with random weights, tensor types mixed as "
+                                      "llama.cpp's quantizer mixes them (for llama.cpp and Tandem on the same file)")
+    dm.add_argument("--config", required=True, help=f"a shape ({', '.join(SHAPES)}) or a config.json")
+    dm.add_argument("--quantization", required=True, choices=["Q4_K_M", "Q4_0", "Q8_0"])
+    dm.add_argument("--out", required=True, help="the .gguf file to write")
+    dm.add_argument("--seed", type=int, default=0)
+    dm.set_defaults(func=cmd_model_dummy)
 
     b = sub.add_parser("bench", help="benchmarks")
     bsub = b.add_subparsers(dest="bench_command", required=True)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 
 from tandem.cli_serve import add_serve_arguments
-from tandem.config import QUANTIZATIONS
+from tandem.config import LOAD_FORMATS, QUANTIZATIONS
+from tandem.models.shapes import SHAPES
 
 
 SERVE_BATCHED_TOKENS = 2048   # `tandem serve`'s step budget, vLLM's server default (docs/benchmarks.md)
@@ -18,13 +19,17 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, b
     g.add_argument("--model", default=None,
                    help="HF model directory, .gguf file, or Hugging Face Hub repository org/name[@revision] "
                         "(org/name/FILE.gguf for one GGUF of a repository; fetched into the HF cache, "
-                        "HF_HUB_OFFLINE=1 reads the cache only) (default: SmolLM2-135M-Instruct)")
+                        "HF_HUB_OFFLINE=1 reads the cache only), or a shape for --load-format dummy "
+                        "(default: SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 (auto: bf16 where fast)")
     g.add_argument("--device", default="auto")
     g.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                    help="a model from a GGUF keeps its Q4_1/Q8_0 blocks on CPU: gguf = llama.cpp's arithmetic "
                         "(Q4_1 layers take activations rounded to 8 bits per block), gguf-float = float "
                         "activations (the float32 function); auto = gguf for a model from a GGUF; none = float weights only")
+    g.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                   help="dummy: random weights from the model's config.json alone, as vLLM's, to measure a "
+                        f"shape without its weights (shipped shapes: {', '.join(SHAPES)})")
     g.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                    help="sampling defaults for requests that omit a field: auto, the model's "
                         "generation_config.json (temperature, top_p, top_k, min_p, penalties, max_new_tokens); "
@@ -133,7 +138,7 @@ def _make_llm(a: argparse.Namespace, **overrides):
               enable_prefix_caching=not a.no_prefix_caching,
               seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
               swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization,
-              generation_config=a.generation_config,
+              generation_config=a.generation_config, load_format=a.load_format,
               target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms, kv_cache_dtype=a.kv_cache_dtype,
               session_retention=RetentionConfig(a.session_max_hold_s, a.session_max_share,
                                                 a.session_max_blocks_per_key))

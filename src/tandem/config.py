@@ -10,6 +10,7 @@ from tandem.errors import ConfigError
 # Weight modes (tandem.llm.load_weights): auto, llama.cpp's GGUF arithmetic, GGUF blocks with
 # float activations, float weights only.
 QUANTIZATIONS = ("auto", "gguf", "gguf-float", "none")
+LOAD_FORMATS = ("auto", "dummy")
 # The scheduling policies tandem.sched.policies builds by name (its docstring says what each does).
 POLICY_NAMES = ("fcfs", "fcfs-discard", "infercept", "augserve-stage1", "augserve-stage2", "augserve", "continuum")
 
@@ -97,8 +98,16 @@ class ModelConfig:
     # Sampling defaults for requests that omit a field: auto: the model's generation_config.json;
     # vllm: none (neutral); else a folder holding a generation_config.json (tandem.models.generation_config).
     generation_config: str = "auto"
+    # LOAD_FORMATS: auto reads the weights; dummy draws random ones from config.json alone (vLLM's
+    # --load-format dummy; tandem.models.dummy), to measure a shape without its weights.
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"unknown load_format {self.load_format!r} ({', '.join(LOAD_FORMATS)})")
+        if self.load_format == "dummy" and self.quantization not in ("auto", "none"):
+            raise ConfigError(f"load_format 'dummy' draws float weights; quantization {self.quantization!r} "
+                              "needs a GGUF model (write one with `tandem model dummy`)")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"unknown quantization {self.quantization!r} ({', '.join(QUANTIZATIONS)})")
         if not isinstance(self.generation_config, str) or not self.generation_config:

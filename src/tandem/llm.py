@@ -65,7 +65,12 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
                                              // bytes_per_block)
     max_len = _max_model_len(model_cfg, arch.max_position_embeddings, arch.sliding_window,
                              num_blocks * cache_cfg.block_size)
-    model, quant = load_weights(model_dir, dtype, device, max_len, model_cfg.quantization)
+    if model_cfg.load_format == "dummy":
+        from tandem.models.dummy import load_dummy_model
+
+        model, quant = load_dummy_model(model_dir, dtype, device, max_len, seed=model_cfg.seed), "dummy (random)"
+    else:
+        model, quant = load_weights(model_dir, dtype, device, max_len, model_cfg.quantization)
     sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
     num_host = int(cache_cfg.swap_space_gb * 2**30 // bytes_per_block)
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)
@@ -231,14 +236,15 @@ class LLM:
                  progress: bool = True, quantization: str = "auto", generation_config: str = "auto",
                  target_tpot_ms: float | None = None,
                  ttft_guard_ms: float = 1000.0, kv_cache_dtype: str = "auto",
-                 speculative_config: dict | None = None, session_retention: RetentionConfig | None = None) -> None:
+                 speculative_config: dict | None = None, session_retention: RetentionConfig | None = None,
+                 load_format: str = "auto") -> None:
         if speculative_config is not None:          # vLLM's name for it
             if speculative is not None:
                 raise ConfigError("give speculative or speculative_config, not both")
             speculative = SpecConfig.from_vllm(speculative_config)
         model_cfg = ModelConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len, seed=seed,
                                 num_threads=num_threads, quantization=quantization,
-                                generation_config=generation_config)
+                                generation_config=generation_config, load_format=load_format)
         cache_cfg = CacheConfig(block_size=block_size, kv_cache_memory_gb=kv_cache_memory_gb,
                                 num_blocks=num_kv_blocks, enable_prefix_caching=enable_prefix_caching,
                                 swap_space_gb=swap_space_gb, kv_cache_dtype=kv_cache_dtype)

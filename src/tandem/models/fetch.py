@@ -12,12 +12,19 @@ A model string that is no existing path but reads as a Hub repository id, `org/n
 generation config, tokenizer, chat template, safetensors). `HF_HUB_OFFLINE=1` reads the cache
 only; when the Hub cannot be reached, the cached snapshot of that revision is used. A repository
 that holds no safetensors but a single .gguf file gets that file, converted like a local one.
+
+A shape name (`SHAPES`: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen2.5-1.5b) is a shipped
+config.json without weights, for `load_format="dummy"` (tandem.models.dummy): its directory holds
+that config and the default model's tokenizer, which stands in for the model's own (the model keeps
+its vocabulary size, so its embedding and LM head are full size; ids past the tokenizer's decode to
+nothing).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -28,6 +35,7 @@ from pathlib import Path
 
 from tandem.errors import ModelLoadError
 from tandem.models.gguf_convert import convert_gguf
+from tandem.models.shapes import SHAPES, SHAPES_DIR
 from tandem.models.source import DEFAULT_GGUF_MEMBER, DEFAULT_MODEL, DEFAULT_PACKAGE
 from tandem.paths import cache_dir
 
@@ -44,12 +52,42 @@ def resolve_model(model: str | None, progress: bool = True) -> Path:
         return path
     if path.is_file() and path.suffix == ".gguf":
         return _converted(path, progress)
+    if model in SHAPES and not path.exists():
+        return shape_dir(model, progress)
     hub = parse_hub_id(model) if not path.exists() else None
     if hub is not None:
         return _from_hub(*hub, progress=progress)
     raise ModelLoadError(f"model {model!r} not found: give a Hugging Face model directory, a .gguf file, "
-                         f"a Hugging Face Hub repository id (org/name[@revision]), "
-                         f"or nothing for the default model ({DEFAULT_MODEL})")
+                         f"a Hugging Face Hub repository id (org/name[@revision]), a shape for random "
+                         f"weights ({', '.join(SHAPES)}), or nothing for the default model ({DEFAULT_MODEL})")
+
+
+# --- shapes: shipped configs without weights -------------------------------------------------------
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def shape_dir(name: str, progress: bool = True) -> Path:
+    """The model directory of shape `name`: its shipped config.json (bos / eos ids replaced by the
+    stand-in tokenizer's) beside the default model's tokenizer files; written once into the cache."""
+    if name not in SHAPES:
+        raise ModelLoadError(f"unknown shape {name!r}; shapes: {', '.join(SHAPES)}")
+    cfg = json.loads((SHAPES_DIR / f"{name}.json").read_text())
+    out = cache_dir() / "models" / f"shape-{name}"
+    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+    stamp = out / "tandem_shape.json"
+    if stamp.is_file() and json.loads(stamp.read_text()).get("key") == key:
+        return out
+    default = fetch_default_model(progress)
+    tok_cfg = json.loads((default / "config.json").read_text())
+    cfg.update({k: tok_cfg[k] for k in ("bos_token_id", "eos_token_id") if k in tok_cfg})
+    out.mkdir(parents=True, exist_ok=True)
+    for f in _TOKENIZER_FILES:
+        if (default / f).is_file():
+            (out / f).write_bytes((default / f).read_bytes())
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    stamp.write_text(json.dumps({"shape": name, "key": key, "tokenizer": DEFAULT_MODEL}))
+    return out
 
 
 # --- the Hugging Face Hub ------------------------------------------------------------------------

@@ -86,7 +86,9 @@ class _Weights:
         self.dtype = dtype
         self.files = sorted(model_dir.glob("*.safetensors"))
         if not self.files:
-            raise ModelLoadError(f"{model_dir} has no .safetensors weights")
+            raise ModelLoadError(f"{model_dir} has no .safetensors weights" + (
+                "; it is a configuration only: run it with random weights (--load-format dummy, "
+                "LLM(load_format='dummy'))" if (model_dir / "config.json").is_file() else ""))
         self.handles = {}
         self.where: dict[str, Path] = {}
         for f in self.files:
@@ -118,11 +120,18 @@ def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device, max_po
                prepack: bool = True) -> LlamaModel:
     arch = load_arch(model_dir)
     w = _Weights(model_dir, dtype)
+    return build_model(arch, dtype, device, max_positions, lambda m: _fill_globals(m, arch, w),
+                       lambda layer, i: _fill_layer(layer, i, arch, w), prepack)
+
+
+def build_model(arch: ArchConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
+                fill_globals, fill_layer, prepack: bool = True) -> LlamaModel:
+    """A LlamaModel whose weights `fill_globals(model)` and `fill_layer(layer, i)` write, layer by
+    layer: fill, move, prepack (freeing plain weights), so peak memory stays near the final size."""
     model = LlamaModel(arch, dtype, max_positions)
-    # Layer by layer: fill, move, prepack (freeing plain weights), so peak memory stays near the final size.
-    _fill_globals(model, arch, w)
+    fill_globals(model)
     for i, layer in enumerate(model.layers):
-        _fill_layer(layer, i, arch, w)
+        fill_layer(layer, i)
         layer.to(device)
         if device.type == "cpu" and prepack:
             for m in layer.modules():
