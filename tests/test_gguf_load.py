@@ -35,18 +35,42 @@ def _load(converted, monkeypatch, rows: tuple[int, int]):
     from tandem.models import gguf_load, loader
 
     reads: list[str] = []
-    get = loader._Weights.get
+    get = gguf_load.GGUFWeights.get
 
     def recording(self, name, shape):
         reads.append(name)
         return get(self, name, shape)
 
-    monkeypatch.setattr(loader._Weights, "get", recording)
+    def no_safetensors(*args, **kwargs):
+        raise AssertionError("the GGUF path read the converted directory's safetensors")
+
+    monkeypatch.setattr(gguf_load.GGUFWeights, "get", recording)
+    monkeypatch.setattr(loader._Weights, "get", no_safetensors)
     monkeypatch.setattr(gguf_load, "choose_rows", lambda layers: rows)
     model_dir, source = converted
     model, _ = gguf_load.load_gguf_model(model_dir, source, torch.float32, 64, make_ops(torch.device("cpu")), "int8")
-    monkeypatch.setattr(loader._Weights, "get", get)
+    monkeypatch.setattr(gguf_load.GGUFWeights, "get", get)
+    monkeypatch.undo()
     return model, reads
+
+
+def test_float_values_from_the_gguf_equal_the_converted_ones(converted):
+    """GGUFWeights (dequantized from the file, Q/K rows un-permuted) reads what the converter wrote."""
+    import json
+
+    import gguf
+
+    from tandem.models.gguf_load import GGUFWeights
+    from tandem.models.loader import _Weights
+
+    model_dir, source = converted
+    from_file = GGUFWeights({t.name: t for t in gguf.GGUFReader(str(source)).tensors},
+                            json.loads((model_dir / "config.json").read_text()), torch.float32)
+    written = _Weights(model_dir, torch.float32)
+    assert set(from_file.by_name) == set(written.where)
+    for name in written.where:
+        want = written.handles[written.where[name]].get_tensor(name)
+        assert torch.equal(from_file.get(name, tuple(want.shape)), want), name
 
 
 def _reference(converted, i8_max_rows: int):
@@ -159,3 +183,25 @@ def test_the_fused_decoder_stack_gives_the_python_layer_loop_bit_for_bit(convert
         assert torch.equal(fused, plain), step
     for kf, kp, vf, vp in zip(caches[0].k, caches[1].k, caches[0].v, caches[1].v):
         assert torch.equal(kf, kp) and torch.equal(vf, vp)
+
+
+def test_a_gguf_model_gets_float_weights_only_when_a_float_load_asks(converted, tmp_path, monkeypatch):
+    from tandem.models import fetch
+    from tandem.models.gguf_convert import ensure_float_weights
+
+    model_dir, source = converted
+    monkeypatch.setattr(fetch, "cache_dir", lambda: tmp_path)
+    d = fetch.resolve_model(str(source), progress=False)
+    assert (d / "config.json").is_file() and (d / "tokenizer.json").is_file()
+    assert not list(d.glob("*.safetensors"))                       # the GGUF path reads the file itself
+    ensure_float_weights(d, progress=False)
+    assert (d / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+
+
+def test_a_large_lm_head_takes_the_verdict_of_its_input_width_unprobed(converted, monkeypatch):
+    from tandem.models import gguf_load
+
+    monkeypatch.setattr(gguf_load, "LARGE_HEAD_BYTES", 0)          # every head counts as large
+    model, reads = _load(converted, monkeypatch, (2, sys.maxsize))
+    assert not any(n in ("lm_head.weight", "model.embed_tokens.weight") for n in reads)
+    assert model.lm_head.quant.i8_max_rows == sys.maxsize and model.lm_head.float_released

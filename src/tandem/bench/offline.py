@@ -41,12 +41,29 @@ def run_once(llm, prompts: list[list[int]], max_tokens: list[int]) -> dict[str, 
             "mean_context_tokens": sum(ctx_tokens) / len(ctx_tokens) if ctx_tokens else None}
 
 
-def weight_bytes(model) -> int:
-    """Bytes of weights a decode step reads: every linear layer once (the embedding is a gather)."""
-    arch, elt = model.cfg, model.embed.element_size()
+def linear_parameters(model) -> int:
+    """Weights of the linear layers, the LM head included (the embedding is a gather)."""
+    arch = model.cfg
     per_layer = (arch.q_size + 2 * arch.kv_size) * arch.hidden_size + arch.q_size * arch.hidden_size \
         + 3 * arch.intermediate_size * arch.hidden_size
-    return elt * (arch.num_layers * per_layer + arch.vocab_size * arch.hidden_size)
+    return arch.num_layers * per_layer + arch.vocab_size * arch.hidden_size
+
+
+def weight_bytes(model) -> int:
+    """Bytes of weights a decode step reads: every linear layer once, in the layout its small steps
+    run (a GGUF layer's 8-bit records where it has them, else its float weights)."""
+    from tandem.models.llama import Linear
+
+    total = 0
+    for m in model.modules():
+        if not isinstance(m, Linear):
+            continue
+        q = m.quant
+        if q is not None and q.i8 is not None:
+            total += q.i8.numel() * q.i8.element_size()
+        else:
+            total += m.out_features * m.in_features * model.embed.element_size()
+    return total
 
 
 def weight_memory(model) -> dict[str, float]:
@@ -89,7 +106,7 @@ def bench_offline(llm, concurrencies: list[int], repeats: int = 3, dataset: str 
     arch = model.cfg
     kv_bytes_per_token = 2 * arch.num_layers * arch.kv_size * llm.engine.executor.cache.k[0].element_size()
     wbytes = weight_bytes(model)
-    flops_per_token = 2 * wbytes / model.embed.element_size()
+    flops_per_token = 2 * linear_parameters(model)
     run_once(llm, encoded[:1], [8])      # warm-up
     results: dict[int, list[dict]] = {c: [] for c in concurrencies}
     for r in range(repeats):

@@ -250,7 +250,7 @@ def _converted(gguf_path: Path, progress: bool) -> Path:
     out = cache_dir() / "models" / f"{gguf_path.stem}-{key}"
     if not (out / "config.json").is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        convert_gguf(gguf_path, out, progress)
+        convert_gguf(gguf_path, out, progress, float_weights=False)
     return out
 
 

@@ -232,7 +232,7 @@ def _safetensors_header(plan) -> bytes:
     return len(text).to_bytes(8, "little") + text
 
 
-def _slabs(t, name: str, shape: tuple[int, ...], cfg: dict):
+def float_slabs(t, name: str, shape: tuple[int, ...], cfg: dict):
     """The tensor's float32 values in row order, a slab of rows at a time (Q/K rows whole: the
     un-permutation moves rows across a head)."""
     import gguf
@@ -253,7 +253,7 @@ def _slabs(t, name: str, shape: tuple[int, ...], cfg: dict):
         yield gguf.dequantize(rows, t.tensor_type).astype(np.float32).reshape((rows.shape[0], *shape[1:]))
 
 
-def _release(reader) -> None:
+def release_pages(reader) -> None:
     """Drop the GGUF mapping's pages from this process (they stay in the page cache): reading a
     7B file would otherwise leave all its gigabytes resident in the converter."""
     mm = getattr(reader.data, "_mmap", None)
@@ -273,7 +273,7 @@ def write_safetensors(reader, cfg: dict, out: Path, progress: bool = True, desc:
         f.write(_safetensors_header(plan))
         for name, t, shape in tqdm(plan, desc=desc, disable=not progress, unit="tensor"):
             written = 0
-            for w in _slabs(t, name, shape, cfg):
+            for w in float_slabs(t, name, shape, cfg):
                 w = np.ascontiguousarray(w, dtype="<f4")
                 f.write(memoryview(w).cast("B"))
                 written += w.size
@@ -281,11 +281,13 @@ def write_safetensors(reader, cfg: dict, out: Path, progress: bool = True, desc:
             if written != math.prod(shape):
                 raise ModelLoadError(f"GGUF tensor {t.name} has {written} values, its shape {shape} needs "
                                      f"{math.prod(shape)}")
-            _release(reader)
+            release_pages(reader)
 
 
-def convert_gguf(path: Path, out_dir: Path, progress: bool = True) -> Path:
-    """Write `out_dir` (config.json, model.safetensors, tokenizer files) from the GGUF at `path`."""
+def convert_gguf(path: Path, out_dir: Path, progress: bool = True, float_weights: bool = True) -> Path:
+    """Write `out_dir` (config.json, model.safetensors, tokenizer files) from the GGUF at `path`;
+    without `float_weights`, no model.safetensors: Tandem's GGUF path reads the blocks from the
+    file itself, and `ensure_float_weights` writes the float values when a float load needs them."""
     if not path.is_file():
         raise ModelLoadError(f"no such GGUF file: {path}")
     reader = _open(path)
@@ -293,10 +295,8 @@ def convert_gguf(path: Path, out_dir: Path, progress: bool = True) -> Path:
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    try:
-        write_safetensors(reader, cfg, tmp / "model.safetensors", progress, desc=f"dequantizing {path.name}")
-    except (ValueError, IndexError, TypeError) as e:
-        raise ModelLoadError(f"corrupt GGUF tensor data in {path}: {e}") from e
+    if float_weights:
+        _dequantize_into(reader, cfg, path, tmp / "model.safetensors", progress)
     del reader                                   # its vocabulary tables, before the tokenizer reads its own
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     _write_tokenizer(path, tmp)
@@ -306,6 +306,28 @@ def convert_gguf(path: Path, out_dir: Path, progress: bool = True) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
     return out_dir
+
+
+def _dequantize_into(reader, cfg: dict, path: Path, out: Path, progress: bool) -> None:
+    try:
+        write_safetensors(reader, cfg, out, progress, desc=f"dequantizing {path.name}")
+    except (ValueError, IndexError, TypeError) as e:
+        raise ModelLoadError(f"corrupt GGUF tensor data in {path}: {e}") from e
+
+
+def ensure_float_weights(model_dir: Path, progress: bool = True) -> None:
+    """Write the float32 model.safetensors of a directory converted without it, from its GGUF."""
+    from tandem.models.source import gguf_source
+
+    if any(model_dir.glob("*.safetensors")):
+        return
+    source = gguf_source(model_dir)
+    if source is None:
+        return                                   # not from a GGUF: the loader says what is missing
+    reader = _open(source)
+    part = model_dir / "model.safetensors.partial"
+    _dequantize_into(reader, read_config(reader), source, part, progress)
+    part.rename(model_dir / "model.safetensors")
 
 
 def _write_tokenizer(path: Path, out: Path) -> None:

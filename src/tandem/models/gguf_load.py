@@ -10,19 +10,29 @@ float weights too, as the dense path needs them for large steps. The token embed
 from the file's rows (`quant.RowTable`), never expanded to a float table. So the load holds at
 most one float32 tensor (and its packed copy, while it is timed) beyond what the model keeps: a 7B
 Q4 file needs its ~4 GB of blocks, not the ~28 GB of float32 the directory describes.
+
+Float values (norms, biases, the probes, layers without a kernel) are dequantized from the GGUF
+itself a tensor at a time (`GGUFWeights`), so the directory needs no model.safetensors: a GGUF
+converted for this path (tandem.models.fetch) holds config and tokenizer only, and gets its float
+weights written the first time a float load asks for them (`ensure_float_weights`). An LM head
+whose float copy would be large (LARGE_HEAD_BYTES: a 128k vocabulary) is not probed: it takes the
+verdict of the widest probed layer with the same input width.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tandem.errors import ModelLoadError
+from tandem.models.gguf_convert import release_pages
 from tandem.models.llama import Linear, LlamaModel
-from tandem.models.loader import _Weights, fill_linear, fill_norms, linear_parts, load_arch
+from tandem.models.loader import fill_linear, fill_norms, linear_parts, load_arch
 from tandem.models.quant import (RowTable, attach_blocks, choose_rows, gguf_parts, head_tensor, release_layer,
                                  release_shadowed_blocks)
 
@@ -37,11 +47,12 @@ def load_gguf_model(model_dir: Path, source: Path, dtype: torch.dtype, max_posit
     import gguf
 
     arch = load_arch(model_dir)
-    w = _Weights(model_dir, dtype)
     try:
-        tensors = {t.name: t for t in gguf.GGUFReader(str(source)).tensors}
+        reader = gguf.GGUFReader(str(source))
+        tensors = {t.name: t for t in reader.tensors}
     except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on damage
         raise ModelLoadError(f"corrupt or truncated GGUF file {source}: {e}") from e
+    w = GGUFWeights(tensors, json.loads((model_dir / "config.json").read_text()), dtype)
     if "token_embd.weight" not in tensors:
         raise ModelLoadError(f"GGUF file {source} has no token_embd.weight")
     model = LlamaModel(arch, dtype, max_positions)
@@ -58,18 +69,52 @@ def load_gguf_model(model_dir: Path, source: Path, dtype: torch.dtype, max_posit
         hf = linear_parts(arch, i)
         for attr, parts in gguf_parts(arch, i).items():
             loader.load(getattr(layer, attr), parts, hf[attr])
+        release_pages(reader)   # the file's pages this layer read: its blocks are copied into the model
     if not arch.tie_word_embeddings:
         head_hf = [("lm_head.weight", (arch.vocab_size, arch.hidden_size))]
     else:
         head_hf = [("model.embed_tokens.weight", (arch.vocab_size, arch.hidden_size))]
         model.lm_head.weight = torch.nn.Parameter(torch.empty(0, dtype=dtype), requires_grad=False)   # untied
     loader.load(model.lm_head, [(head_tensor(tensors), None)], head_hf)
+    release_pages(reader)
     model.eval()
     return model, loader.describe()
 
 
+LARGE_HEAD_BYTES = 2**29     # an LM head whose float32 copy is larger is not probed (see the module docstring)
+
+
+class GGUFWeights:
+    """The float values of a GGUF's tensors by their Hugging Face names, dequantized when asked
+    for, Q/K rows un-permuted, as the converter writes them (`get` and `cat`, as loader._Weights)."""
+
+    def __init__(self, tensors: dict, cfg: dict, dtype: torch.dtype) -> None:
+        from tandem.models.gguf_convert import hf_name
+
+        self.cfg, self.dtype = cfg, dtype
+        self.by_name = {hf_name(n): t for n, t in tensors.items() if hf_name(n) is not None}
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        from tandem.models.gguf_convert import float_slabs
+
+        t = self.by_name.get(name)
+        if t is None:
+            raise ModelLoadError(f"weight {name!r} is missing from the GGUF file")
+        have = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if have != shape:
+            raise ModelLoadError(f"weight {name!r} has shape {have}, expected {shape}")
+        try:
+            values = np.concatenate(list(float_slabs(t, name, shape, self.cfg)), axis=0).reshape(shape)
+        except (ValueError, IndexError, TypeError) as e:
+            raise ModelLoadError(f"corrupt GGUF tensor data ({t.name}): {e}") from e
+        return torch.from_numpy(values).to(self.dtype, copy=True)
+
+    def cat(self, names: list[str], shapes: list[tuple[int, ...]]) -> torch.Tensor:
+        return torch.cat([self.get(n, s) for n, s in zip(names, shapes)], dim=0)
+
+
 class _LinearLoader:
-    def __init__(self, tensors: dict, w: _Weights, ops, activations: str) -> None:
+    def __init__(self, tensors: dict, w: GGUFWeights, ops, activations: str) -> None:
         self.tensors, self.w, self.ops, self.activations = tensors, w, ops, activations
         self.rows: dict[tuple[int, int], tuple[int, int]] = {}     # shape -> (max_rows, i8_max_rows)
         self.num_quantized = self.num_i8 = self.num_float = 0
@@ -82,6 +127,11 @@ class _LinearLoader:
         self.num_quantized += 1
         shape = (linear.out_features, linear.in_features)
         probe = shape not in self.rows
+        if probe and 4 * linear.out_features * linear.in_features > LARGE_HEAD_BYTES:
+            same_k = [s for s in self.rows if s[1] == linear.in_features]
+            if same_k:
+                self.rows[shape] = self.rows[max(same_k)]
+                probe = False
         if probe:
             self._dense(linear, hf_parts)
             self.rows[shape] = choose_rows([linear])
