@@ -108,7 +108,7 @@ def _rope_divisors(cfg: dict, head_dim: int) -> np.ndarray | None:
     return llama3_divisors(float(cfg.get("rope_theta", 10000.0)), head_dim, scaling).astype(np.float32)
 
 
-def _float_tensor(name: str, shape: tuple[int, ...], cfg: dict, rng: np.random.Generator) -> np.ndarray:
+def _float_tensor(name: str, shape: tuple[int, ...], cfg: dict) -> np.ndarray:
     if name == "rope_freqs.weight":
         return _rope_divisors(cfg, 2 * shape[0])
     if name.endswith("norm.weight"):
@@ -162,7 +162,7 @@ def write_dummy_gguf(config: str | Path, quantization: str, out: Path, seed: int
     w.write_ti_data_to_file()
     bar = _progress(len(plan), progress, out.name)
     for tname, shape, qtype in plan:
-        w.write_tensor_data(_float_tensor(tname, shape, cfg, rng) if qtype == "F32"
+        w.write_tensor_data(_float_tensor(tname, shape, cfg) if qtype == "F32"
                             else random_blocks(qtype, shape[0], shape[1], std, rng))
         bar.update(1)
     bar.close()
