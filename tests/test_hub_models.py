@@ -148,6 +148,7 @@ def test_llm_on_a_hub_id_is_the_local_model(tiny_llama, offline):
 def test_gguf_only_repository_is_converted(tiny_models, offline, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
+    from tandem.models.gguf_convert import ensure_float_weights
     from test_gguf import write_gguf
 
     monkeypatch.setenv("TANDEM_CACHE", str(tmp_path / "tandem"))        # where conversions go
@@ -159,6 +160,8 @@ def test_gguf_only_repository_is_converted(tiny_models, offline, tmp_path, monke
     out = resolve_model("org/tiny-GGUF", progress=False)                # the repository's one .gguf
     assert out.parent == Path(os.environ["TANDEM_CACHE"]) / "models" and (out / "config.json").is_file()
     assert resolve_model("org/tiny-GGUF/tiny.Q8.gguf", progress=False) == out   # named; converted once
+    assert not (out / "model.safetensors").exists()                   # the GGUF path reads the file in place
+    ensure_float_weights(out, progress=False)                           # what a float load does first
     want = load_file(str(tiny_models["llama"] / "model.safetensors"))
     got = load_file(str(out / "model.safetensors"))
     assert all((got[k] == want[k]).all() for k in got)
