@@ -1,7 +1,8 @@
 """Load a model converted from a GGUF file with its weights kept quantized, one tensor at a time.
 
-The converted directory (tandem.models.gguf_convert) holds the config, the tokenizer and the
-float32 values of every tensor; the GGUF file holds the blocks. Each linear layer gets its blocks
+The converted directory (tandem.models.gguf_convert) holds the config and the tokenizer (and,
+for some, the float32 values of every tensor, which this path does not read); the GGUF file holds
+the blocks. Each linear layer gets its blocks
 straight from the file (`quant.attach_blocks`); the first layer of each weight shape also loads its
 float weights and times the kernels on this CPU (`quant.choose_rows`), and that decides the whole
 shape: where the 8-bit kernel serves every step size (on a 2-core AVX2 EPYC: every shape, prefill
