@@ -205,3 +205,15 @@ def test_a_large_lm_head_takes_the_verdict_of_its_input_width_unprobed(converted
     model, reads = _load(converted, monkeypatch, (2, sys.maxsize))
     assert not any(n in ("lm_head.weight", "model.embed_tokens.weight") for n in reads)
     assert model.lm_head.quant.i8_max_rows == sys.maxsize and model.lm_head.float_released
+
+
+def test_a_float_load_of_a_gguf_writes_its_float_weights_first(converted, tmp_path, monkeypatch):
+    from tandem.llm import load_weights
+    from tandem.models import fetch
+
+    model_dir, source = converted
+    monkeypatch.setattr(fetch, "cache_dir", lambda: tmp_path)
+    d = fetch.resolve_model(str(source), progress=False)
+    model, how = load_weights(d, torch.float32, torch.device("cpu"), 64, "none")
+    assert how == "float"
+    assert (d / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()

@@ -155,10 +155,7 @@ def load_weights(model_dir, dtype: torch.dtype, device: torch.device, max_len: i
     rounded to 8 bits per block) and "gguf-float" (float activations: the float32 function up to
     summation order), which insist; "auto" is AUTO_GGUF where it can be done, float weights
     elsewhere; "none" is float weights."""
-    from tandem.models.gguf_convert import ensure_float_weights
-
     if mode == "none":
-        ensure_float_weights(model_dir)
         return load_model(model_dir, dtype, device, max_positions=max_len), "float"
     from tandem.models.gguf_load import load_gguf_model
     from tandem.models.source import gguf_source
@@ -177,7 +174,6 @@ def load_weights(model_dir, dtype: torch.dtype, device: torch.device, max_len: i
     if why is not None:
         if mode != "auto":
             raise ConfigError(f"quantization {mode!r}: {why}")
-        ensure_float_weights(model_dir)
         return load_model(model_dir, dtype, device, max_positions=max_len), "float"
     activations = "int8" if (AUTO_GGUF if mode == "auto" else mode) == "gguf" else "float"
     return load_gguf_model(model_dir, source, dtype, max_len, ops, activations)

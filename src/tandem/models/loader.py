@@ -118,7 +118,12 @@ class _Weights:
 
 def load_model(model_dir: Path, dtype: torch.dtype, device: torch.device, max_positions: int,
                prepack: bool = True) -> LlamaModel:
+    """The model of `model_dir` with float weights (written first from its GGUF where a conversion
+    left them out: tandem.models.gguf_convert.ensure_float_weights)."""
+    from tandem.models.gguf_convert import ensure_float_weights
+
     arch = load_arch(model_dir)
+    ensure_float_weights(model_dir)
     w = _Weights(model_dir, dtype)
     return build_model(arch, dtype, device, max_positions, lambda m: _fill_globals(m, arch, w),
                        lambda layer, i: _fill_layer(layer, i, arch, w), prepack)
