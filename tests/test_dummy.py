@@ -177,12 +177,12 @@ def test_tandem_serves_a_dummy_gguf(tiny_q4_k_m):
 
 
 def test_dummy_gguf_errors(tmp_path):
-    from tandem.models.dummy_gguf import read_config, tensor_plan
+    from tandem.models.dummy_gguf import shape_config, tensor_plan
 
     with pytest.raises(ConfigError, match="neither a shape"):
-        read_config(tmp_path / "missing.json")
+        shape_config(tmp_path / "missing.json")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ConfigError, match="model_type"):
-        read_config(tmp_path / "config.json")
+        shape_config(tmp_path / "config.json")
     with pytest.raises(ConfigError, match="quantization"):
         tensor_plan(json.loads((SHAPES_DIR / "llama-3.2-1b.json").read_text()), "Q3_K_S")

@@ -116,7 +116,7 @@ def _float_tensor(name: str, shape: tuple[int, ...], cfg: dict) -> np.ndarray:
     return np.zeros(shape, dtype=np.float32)        # biases
 
 
-def read_config(config: str | Path) -> tuple[str, dict]:
+def shape_config(config: str | Path) -> tuple[str, dict]:
     """(name, config dict) of a shipped shape name or a config.json path."""
     from tandem.models.shapes import SHAPES, SHAPES_DIR
 
@@ -138,8 +138,9 @@ def write_dummy_gguf(config: str | Path, quantization: str, out: Path, seed: int
     file of `quantization` (FILE_TYPES) at `out`; the tokenizer comes from `tokenizer_gguf`
     (default: the default model's GGUF)."""
     import gguf
+    from tqdm import tqdm
 
-    name, cfg = read_config(config)
+    name, cfg = shape_config(config)
     plan = tensor_plan(cfg, quantization)
     tok = gguf.GGUFReader(str(tokenizer_gguf or _default_gguf(progress)))
     std = float(cfg.get("initializer_range") or 0.02)
@@ -160,12 +161,9 @@ def write_dummy_gguf(config: str | Path, quantization: str, out: Path, seed: int
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    bar = _progress(len(plan), progress, out.name)
-    for tname, shape, qtype in plan:
+    for tname, shape, qtype in tqdm(plan, desc=out.name, unit="tensor", disable=not progress):
         w.write_tensor_data(_float_tensor(tname, shape, cfg) if qtype == "F32"
                             else random_blocks(qtype, shape[0], shape[1], std, rng))
-        bar.update(1)
-    bar.close()
     w.close()
     return out
 
@@ -193,39 +191,36 @@ def _metadata(w, name: str, cfg: dict, quantization: str, tok) -> None:
     _tokenizer(w, cfg["vocab_size"], tok)
 
 
-def _field(reader, key: str):
-    f = reader.fields.get(key)
-    return None if f is None else f.contents()
-
-
 def _tokenizer(w, vocab: int, tok) -> None:
     """The tokenizer of GGUF reader `tok`, its token list padded with unused tokens to `vocab`."""
     import gguf
 
-    tokens, types = list(_field(tok, "tokenizer.ggml.tokens")), list(_field(tok, "tokenizer.ggml.token_type"))
+    from tandem.models.gguf_convert import gguf_field
+
+    tokens, types = list(gguf_field(tok, "tokenizer.ggml.tokens")), list(gguf_field(tok, "tokenizer.ggml.token_type"))
     if len(tokens) > vocab:
         raise ConfigError(f"the tokenizer has {len(tokens)} tokens, more than the shape's vocabulary ({vocab})")
     tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab)]
     types += [gguf.TokenType.UNUSED] * (vocab - len(types))
-    w.add_tokenizer_model(_field(tok, "tokenizer.ggml.model"))
-    pre = _field(tok, "tokenizer.ggml.pre")
+    w.add_tokenizer_model(gguf_field(tok, "tokenizer.ggml.model"))
+    pre = gguf_field(tok, "tokenizer.ggml.pre")
     if pre:
         w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
-    merges = _field(tok, "tokenizer.ggml.merges")
+    merges = gguf_field(tok, "tokenizer.ggml.merges")
     if merges:
         w.add_token_merges(list(merges))
     for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
                      ("unknown_token_id", w.add_unk_token_id), ("padding_token_id", w.add_pad_token_id)):
-        value = _field(tok, f"tokenizer.ggml.{key}")
+        value = gguf_field(tok, f"tokenizer.ggml.{key}")
         if value is not None:
             add(int(value))
     for key, add in (("add_bos_token", w.add_add_bos_token), ("add_space_prefix", w.add_add_space_prefix)):
-        value = _field(tok, f"tokenizer.ggml.{key}")
+        value = gguf_field(tok, f"tokenizer.ggml.{key}")
         if value is not None:
             add(bool(value))
-    template = _field(tok, "tokenizer.chat_template")
+    template = gguf_field(tok, "tokenizer.chat_template")
     if template:
         w.add_chat_template(template)
 
@@ -239,9 +234,3 @@ def _default_gguf(progress: bool) -> Path:
         raise ModelLoadError("the default model's GGUF file (its tokenizer) is missing from the cache; "
                              "delete the converted default model and run `tandem model fetch`")
     return path
-
-
-def _progress(total: int, enabled: bool, desc: str):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="tensor", disable=not enabled)

@@ -84,25 +84,23 @@ def _open(path: Path):
         raise ModelLoadError(f"corrupt or truncated GGUF file {path}: {e}") from e
 
 
-def _field(reader, key: str, default=None):
+def gguf_field(reader, key: str, default=None):
+    """The value of metadata field `key` of GGUF reader `reader` (`default` where it has none)."""
     f = reader.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v
+    return default if f is None else f.contents()
 
 
 def read_config(reader) -> dict:
-    arch = _field(reader, "general.architecture")
+    arch = gguf_field(reader, "general.architecture")
     if arch not in _ARCH_TO_HF:
         raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_ARCH_TO_HF)}")
     model_type, hf_arch = _ARCH_TO_HF[arch]
-    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    g = lambda k, d=None: gguf_field(reader, f"{arch}.{k}", d)  # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
     names = set(tensors)
     heads = int(g("attention.head_count"))
     hidden = int(g("embedding_length"))
-    tokens = _field(reader, "tokenizer.ggml.tokens", [])
+    tokens = gguf_field(reader, "tokenizer.ggml.tokens", [])
     cfg = {
         "architectures": [hf_arch], "model_type": model_type,
         "vocab_size": int(g("vocab_size", len(tokens))),
@@ -114,8 +112,8 @@ def read_config(reader) -> dict:
         "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "bos_token_id": gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": gguf_field(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
     }
     scaling = g("rope.scaling.type")
