@@ -29,6 +29,8 @@ SPECS = [
     SpecConfig(method="ngram", policy="fixed", max_draft_tokens=4),
     SpecConfig(method="ngram", policy="adaptive", max_draft_tokens=6),
     SpecConfig(method="ngram", policy="table", max_draft_tokens=5),
+    SpecConfig(method="suffix", policy="fixed", max_draft_tokens=6),
+    SpecConfig(method="suffix", policy="adaptive"),
     SpecConfig(method="layerskip", policy="fixed", max_draft_tokens=3, num_draft_layers=1),
     SpecConfig(method="layerskip", policy="adaptive", max_draft_tokens=4, num_draft_layers=2),
 ]
@@ -41,7 +43,7 @@ def test_greedy_identical_with_speculation(tiny_loopy, reference, spec):
     assert [o.token_ids for o in outs] == reference
     stats = llm.engine.scheduler.spec_stats
     assert stats.num_draft_tokens > 0
-    if spec.method == "ngram":
+    if spec.method in ("ngram", "suffix"):
         assert stats.num_accepted_tokens > 0          # the repeated spans do get accepted
     kv = llm.engine.scheduler.kv
     assert kv.num_free_blocks == kv.num_blocks       # rollbacks leaked no block
@@ -65,8 +67,9 @@ def test_draft_model_as_its_own_draft_accepts_everything(tiny_loopy, reference):
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0
 
 
-def test_speculation_under_preemption(tiny_loopy, reference):
-    spec = SpecConfig(method="ngram", policy="fixed", max_draft_tokens=6)
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_speculation_under_preemption(tiny_loopy, reference, method):
+    spec = SpecConfig(method=method, policy="fixed", max_draft_tokens=6)
     llm = LLM(model=str(tiny_loopy), dtype="float32", progress=False, speculative=spec,
               num_kv_blocks=9, block_size=8, max_model_len=72)
     outs = llm.generate(prompt_token_ids=PROMPTS, sampling_params=GREEDY)
@@ -93,6 +96,9 @@ def test_spec_metrics_on_outputs(tiny_loopy):
     dict(method="draft"), dict(ngram_min=3, ngram_max=2), dict(num_draft_layers=0),
     dict(method="ngram", overlap=True, frontier_size=2), dict(method="layerskip", overlap=True),
     dict(method="layerskip", overlap=True, frontier_size=2, draft_threads=0), dict(adaptive_frontiers=True),
+    dict(method="suffix", overlap=True, frontier_size=2), dict(method="suffix", suffix_decoding_max_tree_depth=1),
+    dict(method="suffix", suffix_decoding_min_token_prob=1.5), dict(method="suffix", suffix_decoding_max_spec_factor=-1),
+    dict(method="suffix", suffix_decoding_max_cached_requests=-1),
 ])
 def test_invalid_spec_config(bad):
     with pytest.raises(ConfigError):

@@ -23,6 +23,13 @@ from tandem.errors import ConfigError
     ({"method": "layerskip", "num_draft_layers": 6}, SpecConfig(method="layerskip", num_draft_layers=6)),
     ({"method": "ngram", "length_table": [[1, 4], [8, 2]]}, SpecConfig(length_table=((1, 4), (8, 2)))),
     ({}, SpecConfig()),
+    ({"method": "suffix"}, SpecConfig(method="suffix", max_draft_tokens=24)),
+    ({"method": "suffix", "suffix_decoding_max_tree_depth": 40},
+     SpecConfig(method="suffix", max_draft_tokens=32, suffix_decoding_max_tree_depth=40)),
+    ({"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_min_token_prob": 0.2,
+      "suffix_decoding_max_cached_requests": 0, "suffix_decoding_max_spec_factor": 2.0},
+     SpecConfig(method="suffix", max_draft_tokens=8, suffix_decoding_min_token_prob=0.2,
+                suffix_decoding_max_cached_requests=0, suffix_decoding_max_spec_factor=2.0)),
 ])
 def test_vllm_speculative_config_maps_onto_spec_config(spec, expected):
     assert SpecConfig.from_vllm(spec) == expected

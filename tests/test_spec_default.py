@@ -1,4 +1,4 @@
-"""Speculation is lossless on the real default model: greedy token ids with each proposer (n-gram,
+"""Speculation is lossless on the real default model: greedy token ids with each proposer (n-gram, suffix,
 layer-skip, a draft model: the same model drafting for itself, from its GGUF blocks quantized as
 `draft_quantization` says) and each length policy are those of the same engine without
 speculation. Float target (quantization none), where a verification pass of k+1 rows and a decode
@@ -28,10 +28,11 @@ def prompts(default_model_dir):
 @pytest.mark.parametrize("kw", [
     dict(method="ngram", policy="adaptive"),
     dict(method="ngram", policy="fixed", max_draft_tokens=4),
+    dict(method="suffix", policy="adaptive"),
     dict(method="layerskip", policy="fixed", max_draft_tokens=3),
     dict(method="draft", policy="adaptive", max_draft_tokens=4),
     dict(method="draft", policy="fixed", max_draft_tokens=4, draft_quantization="none"),
-], ids=["ngram-adaptive", "ngram-fixed4", "layerskip-fixed3", "q4-selfdraft-adaptive", "float-selfdraft-fixed4"])
+], ids=["ngram-adaptive", "ngram-fixed4", "suffix-adaptive", "layerskip-fixed3", "q4-selfdraft-adaptive", "float-selfdraft-fixed4"])
 def test_greedy_ids_are_identical_with_speculation(default_model_dir, prompts, kw):
     ids, plain = prompts
     spec = SpecConfig(**kw, draft_model=str(default_model_dir) if kw["method"] == "draft" else None)

@@ -65,13 +65,14 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, b
     g.add_argument("--session-max-blocks-per-key", type=int, default=None,
                    help="KV blocks (device + host) one API key's sessions may hold (default: no cap)")
     sd = p.add_argument_group("speculative decoding (FASER)")
-    sd.add_argument("--speculative", choices=["ngram", "draft", "layerskip"], default=None)
+    sd.add_argument("--speculative", choices=["ngram", "suffix", "draft", "layerskip"], default=None)
     sd.add_argument("--speculative-config", default=None, metavar="JSON",
                     help='vLLM\'s form, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or '
                          '\'{"model": "draft.gguf", "num_speculative_tokens": 5}\'; Tandem\'s SpecConfig '
                          'fields (policy, frontier_size, ...) may sit beside them')
     sd.add_argument("--spec-policy", choices=["adaptive", "fixed", "table", "survival", "none"], default="adaptive")
-    sd.add_argument("--max-draft-tokens", type=int, default=8)
+    sd.add_argument("--max-draft-tokens", type=int, default=None,
+                    help="most drafts per step (default 8; suffix: 24, its tree depth)")
     sd.add_argument("--draft-model", default=None, help="draft model (HF dir or .gguf) for --speculative draft")
     sd.add_argument("--draft-quantization", choices=QUANTIZATIONS, default="auto",
                     help="the draft model's weights, as --quantization (auto: a GGUF draft stays quantized). "

@@ -116,7 +116,7 @@ class ModelConfig:
             raise ConfigError(f"unknown dtype {self.dtype!r} (auto, bfloat16, float16 or float32)")
 
 
-SPEC_METHODS = ("ngram", "draft", "layerskip")
+SPEC_METHODS = ("ngram", "suffix", "draft", "layerskip")
 SPEC_POLICIES = ("adaptive", "fixed", "table", "survival", "none")
 
 
@@ -135,10 +135,17 @@ class SpecConfig:
     """
 
     method: str = "ngram"
-    max_draft_tokens: int = 8
+    max_draft_tokens: int | None = None  # most drafts per step (default 8; suffix: its tree depth, as vLLM)
     policy: str = "adaptive"
     ngram_min: int = 1                  # n-gram sizes tried, longest first
     ngram_max: int = 4
+    # method="suffix" (vLLM's names and defaults): match + draft length, FIFO cache of earlier
+    # outputs (0: none), draft <= factor x match length, least estimated chance of a drafted token
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    suffix_decoding_max_cached_tokens: int = 1 << 20    # Tandem's own bound on that cache, in tokens
     draft_model: str | None = None      # method="draft": HF dir or GGUF sharing the target's tokenizer
     draft_quantization: str = "auto"    # the draft model's weights (QUANTIZATIONS; vLLM's "quantization")
     num_draft_layers: int | None = None  # method="layerskip": the target's first L layers (default: 1/4)
@@ -153,6 +160,9 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
             raise ConfigError(f"speculative method must be one of {SPEC_METHODS}, got {self.method!r}")
+        if self.max_draft_tokens is None:
+            object.__setattr__(self, "max_draft_tokens", min(32, self.suffix_decoding_max_tree_depth)
+                               if self.method == "suffix" else 8)
         if self.policy not in SPEC_POLICIES:
             raise ConfigError(f"speculative policy must be one of {SPEC_POLICIES}, got {self.policy!r}")
         if not 1 <= self.max_draft_tokens <= 32:
@@ -173,9 +183,21 @@ class SpecConfig:
             raise ConfigError(f"early_exit_topk must be >= 1, got {self.early_exit_topk}")
         if self.draft_threads < 1:
             raise ConfigError(f"draft_threads must be >= 1, got {self.draft_threads}")
-        if self.overlap and self.method == "ngram":
+        if self.suffix_decoding_max_tree_depth < 2:
+            raise ConfigError("suffix_decoding_max_tree_depth must be >= 2 (a match and a draft token), "
+                              f"got {self.suffix_decoding_max_tree_depth}")
+        if self.suffix_decoding_max_cached_requests < 0 or self.suffix_decoding_max_cached_tokens < 2:
+            raise ConfigError("suffix_decoding_max_cached_requests must be >= 0 and "
+                              "suffix_decoding_max_cached_tokens >= 2")
+        if self.suffix_decoding_max_spec_factor < 0:
+            raise ConfigError(f"suffix_decoding_max_spec_factor must be >= 0, got "
+                              f"{self.suffix_decoding_max_spec_factor}")
+        if not 0 <= self.suffix_decoding_min_token_prob <= 1:
+            raise ConfigError(f"suffix_decoding_min_token_prob must be in [0, 1], got "
+                              f"{self.suffix_decoding_min_token_prob}")
+        if self.overlap and self.method in ("ngram", "suffix"):
             raise ConfigError("overlap needs a model drafter (method 'draft' or 'layerskip'): "
-                              "n-gram drafting is a table lookup, there is no drafting compute to overlap")
+                              f"{self.method} drafting is a lookup, there is no drafting compute to overlap")
         if self.adaptive_frontiers and self.frontier_size < 1:
             raise ConfigError("adaptive_frontiers chooses per step between frontiers of frontier_size and "
                               "one pass: set frontier_size >= 1")
@@ -187,8 +209,8 @@ class SpecConfig:
     @classmethod
     def from_vllm(cls, spec: dict | str) -> SpecConfig:
         """A SpecConfig from vLLM's `--speculative-config` JSON (a dict or its text): `method`
-        ngram or draft_model (or a `model` alone), `num_speculative_tokens` (the most drafted per
-        step), `prompt_lookup_min` / `prompt_lookup_max`; any SpecConfig field by its own name
+        ngram, suffix or draft_model (or a `model` alone), `num_speculative_tokens` (the most drafted
+        per step), `prompt_lookup_min` / `prompt_lookup_max`, the `suffix_decoding_*` options; any SpecConfig field by its own name
         (`policy`, `frontier_size`, ...) may sit beside them. `policy` stays adaptive unless given:
         `"policy": "fixed"` drafts vLLM's fixed length."""
         import json
@@ -208,8 +230,8 @@ class SpecConfig:
         if method == "draft_model" or (method is None and (spec.get("model") or spec.get("draft_model"))):
             method = "draft"
         if method not in (None, *SPEC_METHODS):
-            raise ConfigError(f"speculative method {method!r} is not supported; use ngram, draft_model (with "
-                              "model) or layerskip")
+            raise ConfigError(f"speculative method {method!r} is not supported; use ngram, suffix, draft_model "
+                              "(with model) or layerskip")
         kw: dict = {"method": method or "ngram"}
         known = {f.name for f in dataclasses.fields(cls)} - {"method"}
         for key, value in spec.items():

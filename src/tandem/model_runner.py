@@ -138,5 +138,5 @@ class ModelRunner:
         for rid in request_ids:
             self.sampler.release(rid)
             if self.spec is not None:
-                self.spec.release(rid)
+                self.spec.release(rid, finished=True)
 

@@ -132,5 +132,5 @@ class SpecDecoder:
         """The target emitted `num_emitted` tokens after the step's chunk; the last has no KV yet."""
         self.proposer.settle(seq.request_id, seq.start + seq.num_tokens + num_emitted - 1)
 
-    def release(self, request_id: str) -> None:
-        self.proposer.release(request_id)
+    def release(self, request_id: str, finished: bool = False) -> None:
+        self.proposer.release(request_id, finished)

@@ -106,5 +106,5 @@ class ModelDrafter:
         if request_id in self._computed:
             self._computed[request_id] = min(self._computed[request_id], num_computed)
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: str, finished: bool = False) -> None:
         self._computed.pop(request_id, None)

@@ -12,6 +12,7 @@ from tandem.speculative.drafter import ModelDrafter
 from tandem.speculative.ngram import NgramProposer
 from tandem.speculative.overlap import DraftWorker
 from tandem.speculative.pruning import EarlyExit
+from tandem.speculative.suffix import SuffixProposer
 
 
 def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None, load_draft=None,
@@ -34,9 +35,14 @@ def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None
                        early_exit=early_exit, overlap=overlap)
 
 
-def _make_proposer(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_draft) -> NgramProposer | ModelDrafter:
+def _make_proposer(cfg: SpecConfig, runner, target_vocab: int, tokenizer, load_draft
+                   ) -> NgramProposer | SuffixProposer | ModelDrafter:
     if cfg.method == "ngram":
         return NgramProposer(cfg.ngram_min, cfg.ngram_max, cfg.max_draft_tokens)
+    if cfg.method == "suffix":
+        return SuffixProposer(cfg.max_draft_tokens, cfg.suffix_decoding_max_tree_depth,
+                              cfg.suffix_decoding_max_cached_requests, cfg.suffix_decoding_max_spec_factor,
+                              cfg.suffix_decoding_min_token_prob, cfg.suffix_decoding_max_cached_tokens)
     model = runner.model
     if cfg.method == "layerskip":
         n = cfg.num_draft_layers or max(1, model.cfg.num_layers // 4)

@@ -77,5 +77,5 @@ class NgramProposer:
         idx.tokens.extend(new_tokens)
         return len(idx.lookup(self.max_draft_tokens))
 
-    def release(self, rid: str) -> None:
+    def release(self, rid: str, finished: bool = False) -> None:
         self._index.pop(rid, None)

@@ -1,8 +1,9 @@
 """What the speculative decoder needs of a proposer (`Proposer`), and the draft it gets back.
 
-Two kinds implement it: `NgramProposer` (a table lookup in the request's own tokens: no forward
-pass, so nothing to time or overlap; it says how many drafts it could offer next, so the scheduler
-gives no slots it cannot fill) and `ModelDrafter` (a draft model, or the target's first layers,
+Two kinds implement it: lookups in text (`NgramProposer` in the request's own tokens,
+`SuffixProposer` there and in earlier requests' outputs: no forward pass, so nothing to time or
+overlap; they say how many drafts they could offer next, so the scheduler gives no slots they
+cannot fill) and `ModelDrafter` (a draft model, or the target's first layers,
 run autoregressively: one forward pass per draft position, timed, overlappable with verification,
 with draft KV that the target's verdict settles). `SpecDecoder` talks to either through this
 protocol alone.
@@ -42,6 +43,7 @@ class Proposer(Protocol):
         """The target kept KV for `num_computed` tokens: state past them is void."""
         ...
 
-    def release(self, request_id: str) -> None:
-        """Forget the request (finished, aborted, preempted, or its KV released)."""
+    def release(self, request_id: str, finished: bool = False) -> None:
+        """Forget the request: `finished` (done or aborted: its output may be kept for others), or
+        preempted, or its KV released (it comes back later)."""
         ...
