@@ -62,7 +62,9 @@ class DraftBook:
             return 0
         reqs = [requests[s.request_id] for s in seqs]
         base = plan.num_tokens
-        lengths = self.length.choose(reqs, [self.limit(r) for r in reqs], base)
+        limits = [self.limit(r) for r in reqs]
+        # Nothing to choose where no request can draft (a lookup proposer found no match)
+        lengths = self.length.choose(reqs, limits, base) if any(limits) else [0] * len(reqs)
         drafting: list[tuple[Request, int]] = []
         used = 0
         for seq, req, k in zip(seqs, reqs, lengths):

@@ -8,6 +8,11 @@ sampling rules; the download and cache live in fetch.py, the tool-call traces in
   over 1024 or prompt + reply over 2048 tokens are dropped. The packaged file is cut short (not
   valid JSON as a whole), so it is read record by record and the truncated tail is ignored.
 - HumanEval: the function's signature and docstring; the chat form asks the model to complete it.
+  `humaneval-edit` shows the whole function (its canonical solution included) and asks for it
+  back with comments and type hints: outputs copy the input (speculation's best case on real
+  code). `humaneval-tools` is a multi-turn agent transcript over the problems' own functions:
+  earlier assistant turns are JSON tool calls (read, test, edit the function), and the model is
+  asked for the next call in the same form: outputs repeat earlier outputs.
 - Files: `.json` holding a ShareGPT-shaped list, or JSONL (optionally `.gz`) whose records have
   `messages` (the prompt-set shape), `prompt` (text), `conversations` (ShareGPT) or `task_id` +
   `prompt` (HumanEval); `max_tokens` (or `output_len`) sets the expected output length.
@@ -32,9 +37,10 @@ from tandem.workload.augmented import (AugmentedRequest, is_trace, load_profiles
 from tandem.workload.prompts import load_prompt_set
 
 TokenCounter = Callable[[str], int]
-NAMES = ("prompts", "sharegpt", "humaneval", "augmented")
+NAMES = ("prompts", "sharegpt", "humaneval", "humaneval-edit", "humaneval-tools", "augmented")
 MIN_TOKENS, MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS = 4, 1024, 2048
 HUMANEVAL_MAX_TOKENS = 256
+HUMANEVAL_EDIT_MAX_TOKENS = 512
 DEFAULT_MAX_TOKENS = 128
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _SEPARATORS = re.compile(r"[\s,]*")
@@ -70,6 +76,11 @@ def load_dataset(name_or_path: str, n: int | None = None, seed: int = 0,
                                "sharegpt")
     if name == "humaneval":
         return select(humaneval_items(fetch.fetch(fetch.HUMANEVAL)), n, rng)
+    if name == "humaneval-edit":
+        return select([humaneval_edit_item(r, count) for r in _read_jsonl(fetch.fetch(fetch.HUMANEVAL))], n, rng)
+    if name == "humaneval-tools":
+        records = _read_jsonl(fetch.fetch(fetch.HUMANEVAL))
+        return select([humaneval_tools_item(r, i, random.Random(i)) for i, r in enumerate(records)], n, rng)
     if name == "augmented" or name.startswith("augmented:"):
         kind = name.partition(":")[2] or "mixture"
         return augmented_items(sample_augmented(n or 100, rng, kind, load_profiles()), rng)
@@ -167,6 +178,46 @@ def humaneval_item(record: dict[str, Any], source: str) -> WorkItem:
     ask = f"Complete the following Python function. Reply with the code only.\n\n```python\n{code}```"
     return WorkItem("humaneval", [{"role": "user", "content": ask}], code,
                     int(record.get("max_tokens", HUMANEVAL_MAX_TOKENS)), source)
+
+
+def humaneval_edit_item(record: dict[str, Any], count: TokenCounter) -> WorkItem:
+    code = record["prompt"] + record["canonical_solution"]
+    ask = ("Rewrite the following Python function with type hints and a short comment above each "
+           f"statement. Keep everything else as it is. Reply with the code only.\n\n```python\n{code}```")
+    return WorkItem("humaneval-edit", [{"role": "user", "content": ask}], code,
+                    min(count(code) * 3 // 2 + 32, HUMANEVAL_EDIT_MAX_TOKENS), "humaneval-edit")
+
+
+_TOOL_STEPS = ("read_file", "run_tests", "edit_file", "run_tests")
+
+
+def humaneval_tools_item(record: dict[str, Any], index: int, rng: random.Random) -> WorkItem:
+    """An agent's transcript on one problem: 2-5 earlier tool calls (JSON) with their results, then
+    a request for the next call."""
+    fn, path = record["entry_point"], f"src/problem_{index}.py"
+    first_line = record["canonical_solution"].strip().splitlines()[0].strip()
+    messages: list[dict[str, Any]] = [{"role": "system", "content":
+        'You are a coding agent. Reply with exactly one tool call as JSON: {"name": ..., "arguments": {...}}. '
+        "Tools: read_file(path), run_tests(path, test), edit_file(path, function, old, new)."},
+        {"role": "user", "content": f"Fix the failing tests of `{fn}` in {path}."}]
+    turns = rng.randint(2, 5)
+    for t in range(turns + 1):
+        step = _TOOL_STEPS[t % len(_TOOL_STEPS)]
+        args: dict[str, Any] = {"path": path}
+        if step == "run_tests":
+            args["test"] = f"tests/test_problem_{index}.py::test_{fn}"
+        elif step == "edit_file":
+            args |= {"function": fn, "old": first_line, "new": first_line}
+        call = json.dumps({"name": step, "arguments": args})
+        if t == turns:
+            return WorkItem("humaneval-tools", messages, _messages_text(messages), 2 * estimate_tokens(call) + 16,
+                            "humaneval-tools")
+        messages.append({"role": "assistant", "content": call})
+        result = (record["prompt"] if step == "read_file" else
+                  f"1 failed: test_{fn} (assertion at line {rng.randint(3, 40)})" if step == "run_tests" else
+                  "edited")
+        messages.append({"role": "user", "content": f"Tool result:\n{result}\nNext call?"})
+    raise AssertionError("unreachable")
 
 
 def humaneval_items(path: Path) -> list[WorkItem]:
