@@ -15,7 +15,8 @@
   `vllm bench serve` users send; 0: greedy, as code agents often run); each (concurrency,
   temperature) draws its own prompts (the same for every system), so no run is served from an
   earlier run's prefix cache.
-- Systems: `vllm-none`, `vllm-ngramK` (vLLM's prompt lookup, K drafts, n-grams 2-4), `vllm-suffix`
+- Systems: `vllm-none`, `vllm-ngramK` (vLLM's prompt lookup, K drafts, n-grams 2-4),
+  `vllm-ngram-table` (the same with vLLM's per-batch-size draft lengths), `vllm-suffix`
   (only where arctic-inference is installed in the peer), `tandem-none`, `tandem-ngram`,
   `tandem-suffix` (Tandem's adaptive per-request lengths over each proposer). Every server gets
   --warmup-requests unmeasured requests first.
@@ -43,6 +44,9 @@ def vllm_spec(name: str) -> dict | None:
         return None
     if name == "vllm-suffix":
         return {"method": "suffix"}
+    if name == "vllm-ngram-table":        # vLLM's dynamic SD: 5 drafts alone, 3 up to 4 requests, then 1
+        return {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4,
+                "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 4, 3], [5, 256, 1]]}
     k = int(name.removeprefix("vllm-ngram"))
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
@@ -138,6 +142,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "spec_vllm"))
     ap.add_argument("--report-only", action="store_true", help="rebuild spec.md from OUT/spec.json")
+    ap.add_argument("--add", action="store_true", help="run --systems into OUT/spec.json's table (same prompts)")
     a = ap.parse_args()
     out = Path(a.out)
     if a.report_only:
@@ -165,12 +170,19 @@ def main() -> None:
     data = {"machine": machine_info(), "peer_version": version, "dtype": a.dtype, "model": str(model_dir),
             "temperatures": temps, "workloads": workloads, "concurrency": concs, "systems": systems,
             "tandem_args": a.tandem_args, "runs": {}}
+    if a.add:                               # more systems into an existing run's table (same workload files)
+        old = json.loads((out / "spec.json").read_text())
+        if (old["workloads"], old["concurrency"], old["temperatures"]) != (workloads, concs, temps):
+            raise SystemExit("--add needs the existing run's workloads, concurrency and temperatures")
+        data["runs"] = old["runs"]
+        data["systems"] = old["systems"] + [s for s in systems if s not in old["systems"]]
     files = {}
     for w in workloads:
         for i, (t, c) in enumerate((t, c) for t in temps for c in concs):
             n = max(a.min_prompts, a.prompts_per_stream * c)
             files[w, t, c] = (raw / f"{w}-t{t:g}-c{c}.jsonl", n)
-            write_workload(w, n, 100 + i, model_dir, files[w, t, c][0])
+            if not (a.add and files[w, t, c][0].exists()):
+                write_workload(w, n, 100 + i, model_dir, files[w, t, c][0])
     for s in systems:
         cmd, port, env = server_cmd(a, peer, model_dir, s)
         log(f"starting {s}: {' '.join(cmd)}")

@@ -13,7 +13,18 @@ acceptance (`faser.PUBLISHED_ACCEPTANCE`, kinds mixed by `DEFAULT_KINDS`' weight
   cost model at its own shape, so every draft position's forward of the draft model counts;
 - oracle + overlap: the same, with all drafting hidden behind verification as FASER's disjoint
   compute partitions would at best (`RooflineCost.concurrent_time_s`: no faster than either part
-  alone, nor than their FLOPs and bytes together allow).
+  alone, nor than their FLOPs and bytes together allow);
+- run-ahead (issue 46): step t+1's drafts are made while step t verifies, on the guess that all
+  of step t's drafts pass and the bonus token is the drafter's own next token. A request whose
+  guess held verifies its k drafts with no drafting in the open; one whose guess failed decodes
+  one token (while its next drafts are made, on the guess of that token). Per request this is a
+  two-state chain: the guess holds after a drafting step with probability s(k+1) (survival to
+  position k+1) and after a plain step with s(1), so it holds in a share
+  pi = s(1) / (1 - s(k+1) + s(1)) of steps, which give 1 + sum_{j<=k} s(j) tokens, the rest 1.
+  A step is one verification pass (the requests whose guess held verify their drafts) run at
+  once with every running-ahead request's drafting (`concurrent_time_s`). The best uniform k and
+  the oracle's per-request slots (with true acceptance) are both tried; each batch draws which
+  requests' guesses held (common draws across candidates).
 
 Expected tokens of a request drafting k: 1 + sum_{j<=k} prod_{m<=j} a(m), with a(m) = min(1, base
 * position[m]) as the simulator's executor draws them. Drafting and verifying are sequential (the
@@ -73,7 +84,11 @@ def one_batch(b: int, context: int, rng: random.Random, plain, spec) -> dict[str
     surv = []
     for _ in range(b):
         acc = PUBLISHED_ACCEPTANCE[rng.choices(kinds, weights)[0]]
-        surv.append(survival(rng.betavariate(*acc["beta"]), acc["position"], MAX_K))
+        surv.append(survival(rng.betavariate(*acc["beta"]), acc["position"], MAX_K + 1))
+    # Common draws of whose run-ahead guess held, from their own stream (the other columns' draws
+    # stay as they were without run-ahead)
+    held_rng = random.Random(f"{b}:{surv[0][0]}")
+    held_u = [held_rng.random() for _ in range(b)]
 
     def tok_s(ks: list[int], overlap: bool = False) -> float:
         tokens = sum(1 + sum(s[:k]) for s, k in zip(surv, ks))
@@ -93,6 +108,23 @@ def one_batch(b: int, context: int, rng: random.Random, plain, spec) -> dict[str
                 ks[i] += 1
                 best = max(best, tok_s(ks, overlap))
         out["oracle-overlap" if overlap else "oracle"] = best
+
+    def run_ahead_tok_s(ks: list[int]) -> float:
+        tokens, held = 0.0, []
+        for s, k, u in zip(surv, ks, held_u):
+            pi = s[0] / (1.0 - s[k] + s[0]) if k else 0.0
+            tokens += pi * (1 + sum(s[:k])) + (1 - pi)
+            held.append(k if u < pi else 0)
+        return tokens / spec.concurrent_time_s(shape(plan, held), True, shape(plan, ks))
+
+    best = max(run_ahead_tok_s([k] * b) for k in range(MAX_K + 1))
+    for depth in range(1, MAX_K + 1):
+        slots = sorted(((s[p], i) for i, s in enumerate(surv) for p in range(depth)), reverse=True)
+        ks = [0] * b
+        for _, i in slots:
+            ks[i] += 1
+            best = max(best, run_ahead_tok_s(ks))
+    out["run-ahead"] = best
     return out
 
 
@@ -108,17 +140,21 @@ def main(argv: list[str] | None = None) -> int:
     spec = make_cost_model("H100-80GB", "qwen3-32b", "qwen3-0.6b", num_gpus=2)
     rng = random.Random(args.seed)
     rows = []
-    print("    B    no-sd  best-k (k)    table   oracle  oracle/strongest  oracle+overlap  /no-sd")
+    print("    B    no-sd  best-k (k)    table   oracle  oracle/strongest  oracle+overlap  /no-sd"
+          "  run-ahead  /strongest")
     for b in (int(x) for x in args.batch_sizes.split(",")):
         draws = [one_batch(b, args.context, rng, plain, spec) for _ in range(args.draws)]
-        row = {"batch": b, **{k: fmean(d[k] for d in draws) for k in ("no-sd", "best-uniform", "table", "oracle", "oracle-overlap")},
+        row = {"batch": b, **{k: fmean(d[k] for d in draws)
+                              for k in ("no-sd", "best-uniform", "table", "oracle", "oracle-overlap", "run-ahead")},
                "best_uniform_k": max(set(d["best-uniform-k"] for d in draws),
                                      key=[d["best-uniform-k"] for d in draws].count)}
-        row["oracle_vs_strongest"] = row["oracle"] / max(row["no-sd"], row["best-uniform"], row["table"])
+        strongest = max(row["no-sd"], row["best-uniform"], row["table"])
+        row["oracle_vs_strongest"] = row["oracle"] / strongest
+        row["run_ahead_vs_strongest"] = row["run-ahead"] / strongest
         rows.append(row)
         print(f"{b:5d} {row['no-sd']:8.0f} {row['best-uniform']:8.0f} ({row['best_uniform_k']}) {row['table']:8.0f} "
               f"{row['oracle']:8.0f}  {row['oracle_vs_strongest']:16.3f}  {row['oracle-overlap']:14.0f}  "
-              f"{row['oracle-overlap'] / row['no-sd']:.3f}")
+              f"{row['oracle-overlap'] / row['no-sd']:.3f}  {row['run-ahead']:9.0f}  {row['run_ahead_vs_strongest']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "context": args.context, "draws": args.draws,

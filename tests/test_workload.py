@@ -198,6 +198,21 @@ def test_named_datasets_read_the_cache(tmp_path, monkeypatch):
     assert [it.prompt for it in he] == [p["prompt"] for p in problems]
     assert "def f0(x)" in he[0].messages[0]["content"] and he[0].kind == "humaneval"
     assert len(load_dataset("sharegpt", count_tokens=lambda s: len(s.split()))) == 2
+    # The function whole (its solution included) in the ask; the output may run 1.5x its tokens + 32.
+    edit = load_dataset("humaneval-edit", count_tokens=lambda s: len(s.split()))
+    code = problems[0]["prompt"] + problems[0]["canonical_solution"]
+    assert edit[0].kind == "humaneval-edit" and f"```python\n{code}```" in edit[0].messages[0]["content"]
+    assert edit[0].max_tokens == len(code.split()) * 3 // 2 + 32
+    # An agent transcript: earlier JSON tool calls on the problem's own function, then a user turn.
+    tools = load_dataset("humaneval-tools")
+    assert [it.kind for it in tools] == ["humaneval-tools"] * 3
+    for i, it in enumerate(tools):
+        calls = [json.loads(m["content"]) for m in it.messages if m["role"] == "assistant"]
+        assert 2 <= len(calls) <= 5 and it.messages[-1]["role"] == "user"
+        assert calls[0] == {"name": "read_file", "arguments": {"path": f"src/problem_{i}.py"}}
+        assert calls[1]["arguments"]["test"] == f"tests/test_problem_{i}.py::test_f{i}"
+    assert [m["content"] for m in load_dataset("humaneval-tools")[2].messages] == \
+        [m["content"] for m in tools[2].messages]                 # the same transcript every time
 
 
 def test_prompt_set_and_user_jsonl(tmp_path):

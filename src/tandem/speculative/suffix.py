@@ -113,17 +113,25 @@ def draft_from(text: SuffixText, ctx: list[int], max_tokens: int, max_depth: int
         return [], 0.0
     best = max(m for _, m in found)
 
-    def room(m: int) -> int:
-        return min(max_tokens, max_depth - m, int(max_spec_factor * m))
-
-    use = max(range(seed, best + 1), key=lambda m: (room(m), m))      # most room, then most specific
-    limit = room(use)
+    use, limit = seed, -1                     # the match length with the most room, then the longest
+    for m in range(seed, best + 1):
+        room = min(max_tokens, max_depth - m, int(max_spec_factor * m))
+        if room >= limit:
+            use, limit = m, room
     occ = [e for e, m in found if m >= use]
     toks, off, end = text.tokens, text.offset, len(text)
     draft: list[int] = []
     prob, score = 1.0, 0.0
     j = 1
     while len(draft) < limit and occ:
+        if len(occ) == 1:                     # one occurrence left: its continuation, at the same chance
+            e = occ[0] + j - off
+            tail = toks[e:min(e + limit - len(draft), end - off)]
+            if SEP in tail:
+                tail = tail[:tail.index(SEP)]
+            draft += tail
+            score += prob * len(tail)
+            break
         counts: dict[int, int] = {}
         for e in occ:                         # most recent first: ties go to the latest occurrence
             if e + j < end:
@@ -190,6 +198,9 @@ class SuffixProposer:
         self.max_draft_tokens = max_draft_tokens
         self.max_depth, self.max_spec_factor, self.min_token_prob = max_depth, max_spec_factor, min_token_prob
         self.cache = ResponseCache(max_cached_requests, max_cached_tokens)
+        # the longest draft any match allows
+        self.most_tokens = max(min(max_draft_tokens, max_depth - m, int(max_spec_factor * m))
+                               for m in range(1, max_depth))
         self._local: dict[str, _Local] = {}
 
     def _sync(self, rid: str, history: list[int], num_output_tokens: int) -> _Local:
@@ -209,7 +220,9 @@ class SuffixProposer:
             ctx = text.tokens[-self.max_depth:]
             args = (self.max_draft_tokens, self.max_depth, self.max_spec_factor, self.min_token_prob)
             own, own_score = draft_from(text, ctx, *args)
-            past, past_score = draft_from(self.cache.text, ctx, *args) if self.cache.sizes else ([], 0.0)
+            # The cache can only win with a higher score, and no draft scores above its most tokens
+            past, past_score = draft_from(self.cache.text, ctx, *args) \
+                if self.cache.sizes and own_score < self.most_tokens else ([], 0.0)
             local.draft = past if past_score > own_score else own
             local.drafted_at = len(text)
         return local.draft
