@@ -33,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compare_vllm import ROOT, Server, log, peer_dir, vllm_env, warm_up
+from compare_vllm import ROOT, Server, log, peer_dir, tandem_serve_cmd, vllm_env, vllm_serve_cmd, warm_up
 
 METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms", "completed",
            "total_output_tokens")
@@ -53,15 +53,12 @@ def vllm_spec(name: str) -> dict | None:
 
 def server_cmd(a, peer: Path, model_dir: Path, name: str) -> tuple[list[str], int, dict | None]:
     if name.startswith("vllm"):
-        cmd = [str(peer / "bin" / "vllm"), "serve", str(model_dir), "--dtype", a.dtype, "--max-model-len", "2048",
-               "--port", "18000", "--served-model-name", model_dir.name,
-               "--gpu-memory-utilization", str(a.vllm_memory_fraction)]
+        cmd = vllm_serve_cmd(peer, model_dir, a.dtype, 18000, a.vllm_memory_fraction)
         spec = vllm_spec(name)
         if spec is not None:
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd, 18000, vllm_env(a, peer)
-    tandem = ROOT / ".venv" / "bin" / "tandem"
-    cmd = [str(tandem) if tandem.exists() else "tandem", "serve", "--model", str(model_dir), "--port", "18001"]
+    cmd = tandem_serve_cmd(model_dir, 18001)
     method = name.removeprefix("tandem-")
     if method != "none":
         cmd += ["--speculative", method]

@@ -237,16 +237,27 @@ def warm_up(port: int, model: str, n: int) -> None:
         list(pool.map(one, range(n)))
 
 
+def vllm_serve_cmd(peer: Path, model_dir: Path, dtype: str, port: int, memory_fraction: float,
+                   load_format: str = "auto") -> list[str]:
+    """`vllm serve` of the model as both comparison scripts start it."""
+    return [str(peer / "bin" / "vllm"), "serve", str(model_dir), "--dtype", dtype, "--max-model-len", "2048",
+            "--port", str(port), "--served-model-name", model_dir.name, "--load-format", load_format,
+            # vLLM reserves this fraction of NUMA node 0's memory at start-up and refuses to start
+            # when that much is not free (its default, 0.92, fails on this VM's 11 GiB node 0)
+            "--gpu-memory-utilization", str(memory_fraction)]
+
+
+def tandem_serve_cmd(model_dir: Path, port: int, load_format: str = "auto") -> list[str]:
+    """`tandem serve` of the model, from this checkout's venv where it has one."""
+    tandem = ROOT / ".venv" / "bin" / "tandem"
+    return [str(tandem) if tandem.exists() else "tandem", "serve", "--model", str(model_dir), "--port", str(port),
+            "--load-format", load_format]
+
+
 def run_serve(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict:
     servers = {
-        "vllm": ([str(peer / "bin" / "vllm"), "serve", str(model_dir), "--dtype", dtype, "--max-model-len", "2048",
-                  "--port", "18000", "--served-model-name", model_dir.name, "--load-format", a.load_format,
-                  # vLLM reserves this fraction of NUMA node 0's memory at start-up and refuses to start
-                  # when that much is not free (its default, 0.92, fails on this VM's 11 GiB node 0)
-                  "--gpu-memory-utilization", str(a.vllm_memory_fraction)], 18000),
-        "tandem": ([str(ROOT / ".venv" / "bin" / "tandem") if (ROOT / ".venv/bin/tandem").exists() else "tandem",
-                    "serve", "--model", str(model_dir), "--port", "18001", "--load-format", a.load_format]
-                   + a.tandem_args.split(), 18001),
+        "vllm": (vllm_serve_cmd(peer, model_dir, dtype, 18000, a.vllm_memory_fraction, a.load_format), 18000),
+        "tandem": (tandem_serve_cmd(model_dir, 18001, a.load_format) + a.tandem_args.split(), 18001),
     }
     envs = {"vllm": vllm_env(a, peer)}
     return serve_rounds(a, peer, model_dir, {name: (cmd, port, envs.get(name)) for name, (cmd, port) in servers.items()},
