@@ -44,37 +44,38 @@ class SuffixText:
     def __len__(self) -> int:
         return self.offset + len(self.tokens)
 
+    def _keys(self, q: int) -> list[tuple[dict, object]]:
+        """(index, key) of each seed n-gram ending at list position q (none crosses a SEP)."""
+        toks = self.tokens
+        t = toks[q]
+        if t == SEP:
+            return []
+        keys: list[tuple[dict, object]] = [(self.index[2], t)]
+        if q >= 1 and toks[q - 1] != SEP:
+            keys.append((self.index[1], (toks[q - 1], t)))
+            if q >= 3 and toks[q - 2] != SEP and toks[q - 3] != SEP:
+                keys.append((self.index[0], (toks[q - 3], toks[q - 2], toks[q - 1], t)))
+        return keys
+
     def index_upto(self, end: int) -> None:
         """Index the n-grams that end before position `end`."""
-        toks, off = self.tokens, self.offset
-        i4, i2, i1 = self.index
+        off = self.offset
         for p in range(self.indexed, end):
-            q = p - off
-            t = toks[q]
-            if t == SEP:
-                continue
-            i1.setdefault(t, []).append(p)
-            if q >= 1 and toks[q - 1] != SEP:
-                i2.setdefault((toks[q - 1], t), []).append(p)
-                if q >= 3 and toks[q - 2] != SEP and toks[q - 3] != SEP:
-                    i4.setdefault((toks[q - 3], toks[q - 2], toks[q - 1], t), []).append(p)
+            for index, key in self._keys(p - off):
+                index.setdefault(key, []).append(p)
         self.indexed = max(self.indexed, end)
 
     def drop_front(self, n: int) -> None:
         """Forget the first `n` tokens (already indexed) and their index entries."""
-        toks, off = self.tokens, self.offset
-        i4, i2, i1 = self.index
+        off = self.offset
         for p in range(off, off + n):
-            q = p - off
-            t = toks[q]
-            if t == SEP:
-                continue
-            _pop_first(i1, t, p)
-            if q >= 1 and toks[q - 1] != SEP:
-                _pop_first(i2, (toks[q - 1], t), p)
-                if q >= 3 and toks[q - 2] != SEP and toks[q - 3] != SEP:
-                    _pop_first(i4, (toks[q - 3], toks[q - 2], toks[q - 1], t), p)
-        del toks[:n]
+            for index, key in self._keys(p - off):
+                ends = index[key]
+                if ends[0] == p:
+                    del ends[0]
+                if not ends:
+                    del index[key]
+        del self.tokens[:n]
         self.offset += n
 
     def matches(self, ctx: list[int], max_match: int) -> tuple[int, list[tuple[int, int]]]:
@@ -95,14 +96,6 @@ class SuffixText:
                 found.append((e, m))
             return n, found
         return 0, []
-
-
-def _pop_first(index: dict, key, p: int) -> None:
-    ends = index[key]
-    if ends[0] == p:
-        del ends[0]
-    if not ends:
-        del index[key]
 
 
 def draft_from(text: SuffixText, ctx: list[int], max_tokens: int, max_depth: int, max_spec_factor: float,
