@@ -200,24 +200,26 @@ def humaneval_tools_item(record: dict[str, Any], index: int, rng: random.Random)
         'You are a coding agent. Reply with exactly one tool call as JSON: {"name": ..., "arguments": {...}}. '
         "Tools: read_file(path), run_tests(path, test), edit_file(path, function, old, new)."},
         {"role": "user", "content": f"Fix the failing tests of `{fn}` in {path}."}]
-    turns = rng.randint(2, 5)
-    for t in range(turns + 1):
+    def call(t: int) -> str:
         step = _TOOL_STEPS[t % len(_TOOL_STEPS)]
         args: dict[str, Any] = {"path": path}
         if step == "run_tests":
             args["test"] = f"tests/test_problem_{index}.py::test_{fn}"
         elif step == "edit_file":
             args |= {"function": fn, "old": first_line, "new": first_line}
-        call = json.dumps({"name": step, "arguments": args})
-        if t == turns:
-            return WorkItem("humaneval-tools", messages, _messages_text(messages), 2 * estimate_tokens(call) + 16,
-                            "humaneval-tools")
-        messages.append({"role": "assistant", "content": call})
+        return json.dumps({"name": step, "arguments": args})
+
+    turns = rng.randint(2, 5)
+    for t in range(turns):
+        step = _TOOL_STEPS[t % len(_TOOL_STEPS)]
+        messages.append({"role": "assistant", "content": call(t)})
         result = (record["prompt"] if step == "read_file" else
                   f"1 failed: test_{fn} (assertion at line {rng.randint(3, 40)})" if step == "run_tests" else
                   "edited")
         messages.append({"role": "user", "content": f"Tool result:\n{result}\nNext call?"})
-    raise AssertionError("unreachable")
+    # The expected output: the next call, with room to spare
+    return WorkItem("humaneval-tools", messages, _messages_text(messages), 2 * estimate_tokens(call(turns)) + 16,
+                    "humaneval-tools")
 
 
 def humaneval_items(path: Path) -> list[WorkItem]:
