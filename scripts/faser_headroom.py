@@ -99,15 +99,19 @@ def one_batch(b: int, context: int, rng: random.Random, plain, spec) -> dict[str
     uniform = {k: tok_s([k] * b) for k in range(MAX_K + 1)}
     best_k = max(uniform, key=uniform.get)
     out.update({"best-uniform": uniform[best_k], "best-uniform-k": best_k, "table": uniform[table_k(b)]})
-    for overlap in (False, True):
-        best = max(tok_s([k] * b, True) for k in range(MAX_K + 1)) if overlap else uniform[best_k]
-        for depth in range(1, MAX_K + 1):      # every cap on the depth: each position is a draft forward
-            slots = sorted(((s[p], i) for i, s in enumerate(surv) for p in range(depth)), reverse=True)
+    # Each cap on the draft depth (each position is a draft forward): slots by true survival, best first
+    ranked = [sorted(((s[p], i) for i, s in enumerate(surv) for p in range(depth)), reverse=True)
+              for depth in range(1, MAX_K + 1)]
+
+    def best_of(score) -> float:
+        """The best tokens/s `score` gives any uniform k or any prefix of a depth cap's ranked slots."""
+        best = max(score([k] * b) for k in range(MAX_K + 1))
+        for slots in ranked:
             ks = [0] * b
             for _, i in slots:
                 ks[i] += 1
-                best = max(best, tok_s(ks, overlap))
-        out["oracle-overlap" if overlap else "oracle"] = best
+                best = max(best, score(ks))
+        return best
 
     def run_ahead_tok_s(ks: list[int]) -> float:
         tokens, held = 0.0, []
@@ -117,14 +121,9 @@ def one_batch(b: int, context: int, rng: random.Random, plain, spec) -> dict[str
             held.append(k if u < pi else 0)
         return tokens / spec.concurrent_time_s(shape(plan, held), True, shape(plan, ks))
 
-    best = max(run_ahead_tok_s([k] * b) for k in range(MAX_K + 1))
-    for depth in range(1, MAX_K + 1):
-        slots = sorted(((s[p], i) for i, s in enumerate(surv) for p in range(depth)), reverse=True)
-        ks = [0] * b
-        for _, i in slots:
-            ks[i] += 1
-            best = max(best, run_ahead_tok_s(ks))
-    out["run-ahead"] = best
+    out["oracle"] = best_of(tok_s)
+    out["oracle-overlap"] = best_of(lambda ks: tok_s(ks, True))
+    out["run-ahead"] = best_of(run_ahead_tok_s)
     return out
 
 
