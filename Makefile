@@ -8,7 +8,7 @@ PROMPT ?= Explain in two sentences why the sky is blue.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve run fetch lint test test-fast bench clean
+.PHONY: install serve run fetch lint test test-fast bench clean vllm-env
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,11 @@ run: fetch
 lint: install
 	$(BIN)/ruff check src tests scripts
 
-test: lint
+# vLLM's CPU build in its own environment, for tests/test_vllm_plugin.py (once: 3-5 minutes)
+vllm-env:
+	bash scripts/setup_vllm_env.sh
+
+test: lint vllm-env
 	$(BIN)/python -m pytest -q
 
 test-fast: install
