@@ -36,6 +36,8 @@ from vllm.v1.request import Request, RequestStatus
 from tandem.integrations.policy_bridge import BridgeConfig, Hold, PolicyBridge
 
 SUPPORTED_VLLM = "0.32."
+# how a call ends that its session may continue from (an abort or an error leaves nothing to hold)
+_COMPLETED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
 # under vLLM's logger, so that its handlers print these lines with its own
 logger = logging.getLogger("vllm.tandem")
 
@@ -139,8 +141,7 @@ class TandemScheduler(Scheduler):
         return None if not sid else f"{request.cache_salt or ''}\x00{sid}"
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
-        completed = request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)
-        self.tandem.finished(request.request_id, completed)
+        self.tandem.finished(request.request_id, request.status in _COMPLETED)
         hold = self._adopting.pop(request.request_id, None)
         if hold is not None:
             self._release(hold.session)
@@ -148,7 +149,7 @@ class TandemScheduler(Scheduler):
 
     def _free_request_blocks(self, request: Request) -> None:
         session = self._session(request) if request.is_finished() else None
-        if session is None or request.status is not RequestStatus.FINISHED_STOPPED:
+        if session is None or request.status not in _COMPLETED:
             super()._free_request_blocks(request)
             return
         self._release(session)                     # a session holds one context: its latest

@@ -1,0 +1,165 @@
+"""vLLM with Tandem's scheduler (`--scheduler-cls tandem.integrations.vllm.TandemScheduler`) against
+vLLM with its own, on this machine, one server after the other, judged by the same load generators.
+
+    .venv/bin/python scripts/compare_vllm_plugin.py [--parts agents,sharegpt] [--repeats 3]
+        [--rates 1,2,4] [--seeds 0,1,2] [--out docs/results/vllm_plugin]
+
+- The environment: vLLM 0.32's CPU build (scripts/setup_vllm_env.sh; the comparison scripts' peer),
+  given this checkout's Tandem on PYTHONPATH; the default model (Tandem's converted HF directory).
+- agents: real Claude Code sessions replayed over HTTP by `tandem bench agents` (client-side tool
+  loops, each call a chat completion with the session's context and `X-Session-ID`, which vLLM
+  reads as the request's session), with a KV cache small enough that memory binds, as in
+  docs/benchmarks.md's agents table; --repeats runs per system, alternating. Reports LLM time per
+  session (mean, p50, p99), TTFT and sessions/h within the SLO.
+- sharegpt: `vllm bench serve` (ShareGPT, chat endpoint, streaming, temperature 1) at each rate and
+  seed, goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms (scripts/compare_vllm.serve_rounds).
+Both servers get the same flags; the plugin's server adds --scheduler-cls and
+--additional-config '{"tandem": TANDEM_OPTIONS}'. Nothing else may run on the machine meanwhile.
+Writes OUT/plugin.json, OUT/plugin.md and the raw runs under OUT/raw/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from compare_vllm import ROOT, Server, log, peer_dir, serve_rounds, vllm_env, vllm_serve_cmd, warm_up
+
+PLUGIN = "tandem.integrations.vllm.TandemScheduler"
+# docs/benchmarks.md's agents setting: 2,304 tokens of KV, contexts compacted to 1,800. In float32:
+# vLLM 0.32's CPU build segfaults in reshape_and_cache with a float16 KV cache under a float32
+# model (its own scheduler too, within two rounds of four concurrent requests).
+AGENT_SERVER = ["--kv-cache-memory-bytes", "107374182"]
+AGENT_BENCH = ["--rate", "0.5", "--num-sessions", "8", "--max-calls", "12", "--token-scale", "0.01",
+               "--time-scale", "0.05", "--context-window", "1800"]
+
+
+def server(a, peer: Path, model_dir: Path, name: str, port: int, extra: list[str]) -> tuple[list[str], int, dict]:
+    cmd = vllm_serve_cmd(peer, model_dir, a.dtype, port, a.vllm_memory_fraction) + extra
+    env = vllm_env(a, peer)
+    if name == "vllm-tandem":
+        cmd += ["--scheduler-cls", PLUGIN, "--additional-config", json.dumps({"tandem": json.loads(a.tandem_options)})]
+        env["PYTHONPATH"] = str(ROOT / "src")
+    return cmd, port, env
+
+
+def run_agents(a, peer: Path, model_dir: Path, raw: Path) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {s: [] for s in SYSTEMS}
+    for rep in range(a.repeats):
+        for name in SYSTEMS:
+            cmd, port, env = server(a, peer, model_dir, name, 18200, AGENT_SERVER)
+            log(f"agents: starting {name} (repeat {rep})")
+            srv = Server(name, cmd, port, raw / f"agents-server-{name}-r{rep}.log", env=env)
+            try:
+                warm_up(port, model_dir.name, a.warmup_requests)
+                path = raw / f"agents-{name}-r{rep}.json"
+                subprocess.run([sys.executable, "-m", "tandem", "bench", "agents", "--url", f"http://127.0.0.1:{port}", *AGENT_BENCH,
+                                "--seed", str(rep), "--label", name, "--json", str(path)], check=True,
+                               stdout=subprocess.DEVNULL)
+                summary = json.loads(path.read_text())["summary"]
+                out[name].append(summary)
+                log(f"  {name}: LLM time per session mean {summary['llm_time_per_session_s']['mean']:.1f} s, "
+                    f"TTFT p50 {summary['ttft_s']['p50']:.2f} s, failed {summary['failed_calls']}")
+            finally:
+                srv.stop()
+    return out
+
+
+SYSTEMS = ("vllm", "vllm-tandem")
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report(data: dict) -> str:
+    lines = [f"vLLM {data['peer_version']}, {data['machine'].get('cpu', '?')}, dtype {data['dtype']}; "
+             f"plugin options {data['tandem_options']}", ""]
+    if "agents" in data:
+        ag = data["agents"]
+        lines += ["| agents, median of runs | LLM time per session mean / p50 / p99 s | TTFT p50 / p99 s | "
+                  "sessions/h within SLO | runs (mean per run) |", "|---|---:|---:|---:|---|"]
+        for name in SYSTEMS:
+            runs = ag.get(name, [])
+            if not runs:
+                continue
+            llm = {k: median([r["llm_time_per_session_s"][k] for r in runs]) for k in ("mean", "p50", "p99")}
+            ttft = {k: median([r["ttft_s"][k] for r in runs]) for k in ("p50", "p99")}
+            per_run = ", ".join(f"{r['llm_time_per_session_s']['mean']:.1f}" for r in runs)
+            lines.append(f"| {name} | {llm['mean']:.1f} / {llm['p50']:.1f} / {llm['p99']:.1f} | "
+                         f"{ttft['p50']:.2f} / {ttft['p99']:.2f} | "
+                         f"{median([r['sessions_per_hour_within_slo'] for r in runs]):.0f} | {per_run} |")
+        if all(ag.get(s) for s in SYSTEMS):
+            base = median([r["llm_time_per_session_s"]["mean"] for r in ag["vllm"]])
+            mine = median([r["llm_time_per_session_s"]["mean"] for r in ag["vllm-tandem"]])
+            lines += ["", f"Mean LLM time per session, vLLM's scheduler / Tandem's: **{base / mine:.2f}x**", ""]
+    if "sharegpt" in data:
+        sg = data["sharegpt"]
+        lines += ["| ShareGPT rate req/s | goodput vLLM | goodput vLLM + Tandem | ratio | TTFT p50 ms vLLM / "
+                  "+ Tandem | TPOT p50 ms vLLM / + Tandem |", "|---:|---:|---:|---:|---:|---:|"]
+        for rate in sg["vllm"]:
+            g = {s: median([r["request_goodput"] for r in sg[s][rate]]) for s in SYSTEMS}
+            t = {s: median([r["median_ttft_ms"] for r in sg[s][rate]]) for s in SYSTEMS}
+            p = {s: median([r["median_tpot_ms"] for r in sg[s][rate]]) for s in SYSTEMS}
+            ratio = g["vllm-tandem"] / g["vllm"] if g["vllm"] else float("nan")
+            lines.append(f"| {rate} | {g['vllm']:.3f} | {g['vllm-tandem']:.3f} | {ratio:.3f} | "
+                         f"{t['vllm']:.0f} / {t['vllm-tandem']:.0f} | {p['vllm']:.0f} / {p['vllm-tandem']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="agents,sharegpt")
+    ap.add_argument("--repeats", type=int, default=3, help="agents: runs per system")
+    ap.add_argument("--rates", default="1,2,4")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--warmup-requests", type=int, default=4)
+    ap.add_argument("--ttft-ms", type=int, default=2000)
+    ap.add_argument("--tpot-ms", type=int, default=100)
+    ap.add_argument("--tandem-options", default="{}", help="the plugin's options, JSON (policy_bridge.BridgeConfig)")
+    ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
+    ap.add_argument("--no-vllm-preload", dest="vllm_preload", action="store_false")
+    ap.add_argument("--vllm-reserved-cpus", type=int, default=0)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "vllm_plugin"))
+    ap.add_argument("--report-only", action="store_true")
+    a = ap.parse_args()
+    out = Path(a.out)
+    if a.report_only:
+        text = report(json.loads((out / "plugin.json").read_text()))
+        (out / "plugin.md").write_text(text)
+        print(text)
+        return
+    from tandem.bench.common import machine_info
+    from tandem.models.fetch import resolve_model
+
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    peer = peer_dir()
+    model_dir = resolve_model(None, progress=False)
+    a.rates = [float(r) for r in a.rates.split(",")]
+    a.seeds = [int(s) for s in a.seeds.split(",")]
+    version = subprocess.run([str(peer / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
+                             capture_output=True, text=True, env=dict(os.environ)).stdout.strip() or "?"
+    data = {"machine": machine_info(), "peer_version": version, "dtype": a.dtype, "tandem_options": a.tandem_options}
+    parts = a.parts.split(",")
+    if "agents" in parts:
+        data["agents"] = run_agents(a, peer, model_dir, raw)
+        (out / "plugin.json").write_text(json.dumps(data, indent=1))
+    if "sharegpt" in parts:
+        servers = {name: server(a, peer, model_dir, name, 18300, []) for name in SYSTEMS}
+        data["sharegpt"] = serve_rounds(a, peer, model_dir, servers, raw)
+        (out / "plugin.json").write_text(json.dumps(data, indent=1))
+    text = report(data)
+    (out / "plugin.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
