@@ -59,7 +59,7 @@ def run_agents(a, peer: Path, model_dir: Path, raw: Path) -> dict[str, list[dict
                 warm_up(port, model_dir.name, a.warmup_requests)
                 path = raw / f"agents-{name}-r{rep}.json"
                 subprocess.run([sys.executable, "-m", "tandem", "bench", "agents", "--url", f"http://127.0.0.1:{port}", *AGENT_BENCH,
-                                "--seed", str(rep), "--label", name, "--json", str(path)], check=True,
+                                "--trace", a.trace, "--seed", str(rep), "--label", name, "--json", str(path)], check=True,
                                stdout=subprocess.DEVNULL)
                 summary = json.loads(path.read_text())["summary"]
                 out[name].append(summary)
@@ -77,7 +77,21 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def report(data: dict) -> str:
+def goodput_at(raw: Path, name: str, rate: str, seed: int, ttft_s: float, tpot_s: float) -> float | None:
+    """Goodput of one `vllm bench serve` run at another SLO, from its per-request TTFTs and latencies
+    (TPOT as vLLM computes it: the time after the first token over the tokens after it)."""
+    path = raw / f"serve-{name}-rate{float(rate):g}-seed{seed}.json"
+    if not path.exists():
+        return None
+    d = json.loads(path.read_text())
+    good = 0
+    for ttft, lat, n in zip(d["ttfts"], d["latencies"], d["output_lens"]):
+        tpot = (lat - ttft) / (n - 1) if n > 1 else 0.0
+        good += ttft <= ttft_s and tpot <= tpot_s
+    return good / d["duration"]
+
+
+def report(data: dict, raw: Path | None = None) -> str:
     lines = [f"vLLM {data['peer_version']}, {data['machine'].get('cpu', '?')}, dtype {data['dtype']}; "
              f"plugin options {data['tandem_options']}", ""]
     if "agents" in data:
@@ -109,6 +123,22 @@ def report(data: dict) -> str:
             ratio = g["vllm-tandem"] / g["vllm"] if g["vllm"] else float("nan")
             lines.append(f"| {rate} | {g['vllm']:.3f} | {g['vllm-tandem']:.3f} | {ratio:.3f} | "
                          f"{t['vllm']:.0f} / {t['vllm-tandem']:.0f} | {p['vllm']:.0f} / {p['vllm-tandem']:.0f} |")
+        scale = data.get("slo_scale")
+        if raw is not None and scale:
+            ttft_s, tpot_s = data["ttft_ms"] * scale / 1000, data["tpot_ms"] * scale / 1000
+            lines += ["", f"Goodput at {scale:g}x the SLO (TTFT <= {ttft_s:g} s, TPOT <= {tpot_s * 1000:g} ms), "
+                      "median of seeds (per seed):", "",
+                      "| rate | vLLM | vLLM + Tandem | ratio | output tok/s vLLM / + Tandem |", "|---:|---:|---:|---:|---:|"]
+            for rate in sg["vllm"]:
+                per = {s: [goodput_at(raw, s, rate, seed, ttft_s, tpot_s) for seed in data["seeds"]] for s in SYSTEMS}
+                if any(x is None for xs in per.values() for x in xs):
+                    continue
+                g = {s: median(per[s]) for s in SYSTEMS}
+                tok = {s: median([r["output_throughput"] for r in sg[s][rate]]) for s in SYSTEMS}
+                seeds = "; ".join(f"{a:.3f} / {b:.3f}" for a, b in zip(per["vllm"], per["vllm-tandem"]))
+                ratio = g["vllm-tandem"] / g["vllm"] if g["vllm"] else float("nan")
+                lines.append(f"| {rate} | {g['vllm']:.3f} | {g['vllm-tandem']:.3f} | {ratio:.3f} ({seeds}) | "
+                             f"{tok['vllm']:.1f} / {tok['vllm-tandem']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -122,6 +152,10 @@ def main() -> None:
     ap.add_argument("--warmup-requests", type=int, default=4)
     ap.add_argument("--ttft-ms", type=int, default=2000)
     ap.add_argument("--tpot-ms", type=int, default=100)
+    ap.add_argument("--slo-scale", type=float, default=5.0,
+                    help="also report goodput at this multiple of the SLO (a 2-core CPU meets the GPU-sized one rarely)")
+    ap.add_argument("--trace", default=str(ROOT.parent / "shared" / "workloads" / "agent-sessions" /
+                                           "claude-code-opus.jsonl"), help="agents: the session trace")
     ap.add_argument("--tandem-options", default="{}", help="the plugin's options, JSON (policy_bridge.BridgeConfig)")
     ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
     ap.add_argument("--no-vllm-preload", dest="vllm_preload", action="store_false")
@@ -132,7 +166,7 @@ def main() -> None:
     a = ap.parse_args()
     out = Path(a.out)
     if a.report_only:
-        text = report(json.loads((out / "plugin.json").read_text()))
+        text = report(json.loads((out / "plugin.json").read_text()), out / "raw")
         (out / "plugin.md").write_text(text)
         print(text)
         return
@@ -147,7 +181,8 @@ def main() -> None:
     a.seeds = [int(s) for s in a.seeds.split(",")]
     version = subprocess.run([str(peer / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
                              capture_output=True, text=True, env=dict(os.environ)).stdout.strip() or "?"
-    data = {"machine": machine_info(), "peer_version": version, "dtype": a.dtype, "tandem_options": a.tandem_options}
+    data = {"machine": machine_info(), "peer_version": version, "dtype": a.dtype, "tandem_options": a.tandem_options,
+            "ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms, "slo_scale": a.slo_scale, "seeds": a.seeds}
     parts = a.parts.split(",")
     if "agents" in parts:
         data["agents"] = run_agents(a, peer, model_dir, raw)
@@ -156,7 +191,7 @@ def main() -> None:
         servers = {name: server(a, peer, model_dir, name, 18300, []) for name in SYSTEMS}
         data["sharegpt"] = serve_rounds(a, peer, model_dir, servers, raw)
         (out / "plugin.json").write_text(json.dumps(data, indent=1))
-    text = report(data)
+    text = report(data, raw)
     (out / "plugin.md").write_text(text)
     print(text)
 

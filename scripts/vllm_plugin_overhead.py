@@ -3,7 +3,7 @@
 no model behind them, step through the same decode steps with the same requests running
 (`schedule()` + `update_from_output()` with one sampled token per request, which is what the engine
 core calls each step). The median per-step time over --steps steps, alternating the two schedulers in
-rounds (--rounds), so drift falls on both; cProfile of Tandem's steps with --profile.
+rounds (--rounds), each round's first alternating, so drift and order fall on both; cProfile of Tandem's steps with --profile.
 
 Run it in the vLLM environment (scripts/setup_vllm_env.sh), with this checkout on the path:
 
@@ -39,10 +39,13 @@ def build(cls, model_dir: Path, running: int, options: dict):
     model = ModelConfig(model=str(model_dir), dtype="float32", max_model_len=2048)
     sched = SchedulerConfig(max_num_seqs=max(running, 1), max_num_batched_tokens=8192, max_model_len=2048,
                             is_encoder_decoder=False, async_scheduling=False)
-    config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=CacheConfig(block_size=BLOCK),
+    num_blocks = running * 2048 // BLOCK + 64
+    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=False)   # (requests here carry no block hasher)
+    cache.num_gpu_blocks = num_blocks            # what the engine core sets after profiling memory
+    config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                         additional_config={"tandem": options})
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=3, head_size=64, dtype=torch.float16)
-    kv = KVCacheConfig(num_blocks=running * 2048 // BLOCK + 64, kv_cache_tensors=[],
+    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     return cls(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
                block_size=BLOCK, log_stats=False)
@@ -90,7 +93,8 @@ def main() -> None:
     options = json.loads(a.tandem_options)
     per = {"vllm": [], "tandem": []}
     for rnd in range(a.rounds):
-        for name, cls in (("vllm", Scheduler), ("tandem", TandemScheduler)):
+        pair = (("vllm", Scheduler), ("tandem", TandemScheduler))
+        for name, cls in (pair if rnd % 2 == 0 else pair[::-1]):       # who goes first alternates
             s = build(cls, model_dir, a.running, options)
             fill(s, a.running, a.prompt_len, a.steps * 2 + 8, f"r{rnd}-")
             for i in range(a.waiting):      # beyond max_num_seqs: they stay queued (and ranked every step)

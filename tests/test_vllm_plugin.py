@@ -4,12 +4,15 @@ environment `scripts/setup_vllm_env.sh` makes; `make test` makes it when it is m
 Two servers of the default model with the same flags, one running vLLM's own scheduler and one
 running `tandem.integrations.vllm.TandemScheduler`, each serving one request at a time
 (`--max-num-seqs 1`), so the order in which a queue is served is the order in which it finishes.
-Driven with the `openai` client."""
+Driven with the `openai` client. The plugin's server expects a session's next call within 10 ms
+(`session_gap_prior_s`), so that min-waste holds a finished call's context even on an idle server."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
+import re
 import socket
 import subprocess
 import time
@@ -23,6 +26,7 @@ import tandem
 VLLM_ENV = Path(os.environ.get("TANDEM_VLLM_ENV", Path.home() / ".cache" / "tandem-peers" / "vllm"))
 SRC = Path(tandem.__file__).resolve().parent.parent
 PLUGIN = "tandem.integrations.vllm.TandemScheduler"
+PLUGIN_OPTIONS = '{"tandem": {"policy": "augserve", "session_gap_prior_s": 0.01}}'
 
 pytestmark = [
     pytest.mark.slow,
@@ -49,9 +53,10 @@ class VllmServer:
         self.log = log
         cmd = [str(VLLM_ENV / "bin" / "vllm"), "serve", str(model_dir), "--served-model-name", "smol",
                "--port", str(self.port), "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "1",
-               "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20), "--seed", "0"]
+               "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20), "--seed", "0",
+               "--enable-prompt-tokens-details"]
         if scheduler_cls:
-            cmd += ["--scheduler-cls", scheduler_cls]
+            cmd += ["--scheduler-cls", scheduler_cls, "--additional-config", PLUGIN_OPTIONS]
         env = dict(os.environ, PYTHONPATH=str(SRC), VLLM_CPU_NUM_OF_RESERVED_CPU="0")
         self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -140,3 +145,41 @@ def test_greedy_outputs_equal_vllms_own_scheduler(bursts):
         ids = bursts["tandem"][name][0]
         assert ids == bursts["vllm"][name][0], name
         assert len(ids) == (96 if name == "head" else 8)
+
+
+def kv_capacity_tokens(log: Path) -> int:
+    match = re.search(r"KV cache size: ([\d,]+) tokens", log.read_text())
+    assert match, "the server logs its KV cache size"
+    return int(match.group(1).replace(",", ""))
+
+
+def session_then_flood(server: VllmServer) -> int:
+    """A session's first call, then distinct prompts worth the whole KV cache (so vLLM's LRU prefix
+    cache evicts everything older, the session's context first), then the session's next call,
+    which extends the first one's prompt. Returns the next call's prompt tokens found cached."""
+    from openai import OpenAI
+
+    rng = random.Random(0)
+    context = [rng.randrange(100, 40000) for _ in range(1500)]
+    flood_len = 800
+    flood = [[rng.randrange(100, 40000) for _ in range(flood_len)]
+             for _ in range(kv_capacity_tokens(server.log) // flood_len + 2)]
+    with OpenAI(base_url=server.url + "/v1", api_key="x") as client:
+        def call(prompt: list[int], session: str | None):
+            return client.completions.create(model="smol", prompt=prompt, max_tokens=2, temperature=0,
+                                             extra_headers={"X-Session-ID": session} if session else None)
+
+        first = call(context, "agent-1")
+        for prompt in flood:
+            call(prompt, None)
+        nxt = call(context + [rng.randrange(100, 40000) for _ in range(20)], "agent-1")
+    assert first.usage.prompt_tokens == 1500
+    return nxt.usage.prompt_tokens_details.cached_tokens
+
+
+def test_a_session_keeps_its_context_through_a_flood(servers, bursts):
+    """vLLM's prefix cache loses the session's context to the flood; Tandem's hold keeps it (the
+    next call finds all but the last block or two of the first call's 1,500 prompt tokens: vLLM's
+    CPU blocks hold 64 tokens, and only full ones are cached)."""
+    assert session_then_flood(servers["vllm"]) < 256
+    assert session_then_flood(servers["tandem"]) >= 1500 - 2 * 64

@@ -23,6 +23,7 @@ This is the only module of Tandem that imports vLLM; it translates and does noth
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -108,6 +109,9 @@ class TandemScheduler(Scheduler):
         super().__init__(vllm_config, *args, **kwargs)
         options = (vllm_config.additional_config or {}).get("tandem")
         config = BridgeConfig.from_options(options)
+        if config.hold_sessions and not self.cache_config.enable_prefix_caching:
+            # a held context is found again only through the prefix cache
+            config = dataclasses.replace(config, hold_sessions=False)
         spec = vllm_config.speculative_config
         self.full_token_budget = self.max_num_scheduled_tokens
         self.tandem = PolicyBridge(config, self.full_token_budget, spec.num_speculative_tokens if spec else 0)
@@ -118,12 +122,16 @@ class TandemScheduler(Scheduler):
         self._held: dict[str, tuple[list, int]] = {}   # session -> (its blocks, the fence step)
         self._adopting: dict[str, Hold] = {}           # request id -> the hold it takes over
         self._step: tuple[float, int, int, int] | None = None   # (started, tokens, drafts, decode rows)
+        self._logged: tuple[float, tuple[int, ...]] = (0.0, (0, 0, 0, 0))
         logger.info("Tandem scheduler (%s) on vLLM %s: %s", type(self).__name__, vllm.__version__, config)
 
     # --- requests in and out ------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        known = request.request_id in self.requests      # a streaming-input session's next chunk
         super().add_request(request)
+        if known or request.request_id not in self.requests:
+            return
         self._track(request)
         session = self._session(request)
         if session is not None:
@@ -175,20 +183,25 @@ class TandemScheduler(Scheduler):
 
     def schedule(self, throttle_prefills: bool = False):
         now = time.time()
+        self._log_holds(now)
         for hold in self.tandem.expired(now):
             self._release(hold.session)
         self._make_room(now)
         pool = self.kv_cache_manager.block_pool
-        items = []
-        for r in self.waiting:
-            shadow = self.tandem.shadows.get(r.request_id) or self._track(r)
-            self.tandem.sync(shadow, r.num_computed_tokens)
-            items.append((r, shadow))
-        self.waiting.rerank(self.tandem.ranked(items, now, self.kv_cache_manager.usage))
-        running = sum(max(0, r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens)
-                      for r in self.running)
-        self.max_num_scheduled_tokens = self.tandem.step_tokens(running, pool.get_num_free_blocks(),
-                                                                pool.num_gpu_blocks)
+        active = len(self.running) + getattr(self, "num_waiting_for_streaming_input", 0)
+        admits = bool(self.waiting) and active < self.max_num_active_reqs   # else order and budget are moot
+        if admits:
+            items = []
+            for r in self.waiting:
+                shadow = self.tandem.shadows.get(r.request_id) or self._track(r)
+                self.tandem.sync(shadow, r.num_computed_tokens)
+                items.append((r, shadow))
+            self.waiting.rerank(self.tandem.ranked(items, now, self.kv_cache_manager.usage))
+        if admits and self.tandem.policy.budget.admissions_only:
+            running = sum(max(0, r.num_tokens_with_spec + r.num_output_placeholders - r.num_computed_tokens)
+                          for r in self.running)
+            self.max_num_scheduled_tokens = self.tandem.step_tokens(running, pool.get_num_free_blocks(),
+                                                                    pool.num_gpu_blocks)
         try:
             out = super().schedule(throttle_prefills)
         finally:
@@ -196,8 +209,10 @@ class TandemScheduler(Scheduler):
         for rid in [rid for rid in self._adopting if rid in out.num_scheduled_tokens]:
             self._release(self._adopting.pop(rid).session)     # its blocks are the request's now
         spec = out.scheduled_spec_decode_tokens
-        drafts = sum(len(v) for v in spec.values())
-        decodes = sum(1 for rid, n in out.num_scheduled_tokens.items() if n == 1 + len(spec.get(rid, ())))
+        drafts = decodes = 0          # (the cost model prices drafts by the decodes beside them)
+        if spec:
+            drafts = sum(len(v) for v in spec.values())
+            decodes = sum(1 for rid, n in out.num_scheduled_tokens.items() if n == 1 + len(spec.get(rid, ())))
         self._step = (time.perf_counter(), out.total_num_scheduled_tokens, drafts, decodes)
         return out
 
@@ -246,10 +261,18 @@ class TandemScheduler(Scheduler):
             if k < len(r.spec_token_ids):
                 r.spec_token_ids = r.spec_token_ids[:k]
 
-    def shutdown(self) -> None:
+    def _log_holds(self, now: float, every_s: float = 60.0) -> None:
+        """The session-hold counters, at most once a minute and only when they moved."""
         t = self.tandem
-        logger.info("Tandem scheduler: %d session contexts held, %d taken over, %d expired, %d freed for "
-                    "queued work", t.num_held, t.num_adopted, t.num_expired, t.num_evicted)
+        counts = (t.num_held, t.num_adopted, t.num_expired, t.num_evicted)
+        if counts == self._logged[1] or now - self._logged[0] < every_s:
+            return
+        self._logged = (now, counts)
+        logger.info("Tandem scheduler: %d session contexts held, %d taken over by the next call, %d expired, "
+                    "%d freed for queued work; %d holding %d blocks now", *counts, len(t.holds), t.num_held_blocks)
+
+    def shutdown(self) -> None:
+        self._log_holds(float("inf"), every_s=0.0)
         for session in list(self._held):
             self._release(session)
         super().shutdown()
