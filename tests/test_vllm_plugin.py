@@ -10,6 +10,7 @@ Driven with the `openai` client. The plugin's server expects a session's next ca
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -183,3 +184,20 @@ def test_a_session_keeps_its_context_through_a_flood(servers, bursts):
     CPU blocks hold 64 tokens, and only full ones are cached)."""
     assert session_then_flood(servers["vllm"]) < 256
     assert session_then_flood(servers["tandem"]) >= 1500 - 2 * 64
+
+
+def test_faser_cuts_the_drafts_of_vllms_proposer(default_model_dir):
+    """In vLLM's own scheduler classes (no model: scripted steps, vLLM's n-gram slots with 4 drafts
+    offered every step): FASER's lengths are what vLLM schedules. The first decode steps of a batch
+    size run plain (measured before drafting pays), drafts that are all accepted keep all 4, and
+    drafts that are all rejected are cut to none."""
+    probe = Path(__file__).with_name("vllm_scheduler_probe.py")
+    proc = subprocess.run([str(VLLM_ENV / "bin" / "python"), str(probe), str(default_model_dir)], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(SRC)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    steps = json.loads(proc.stdout.strip().splitlines()[-1])
+    for mode in ("accept", "reject"):
+        assert steps[mode][:2] == [[0, 0], [0, 0]], mode
+        assert all(k <= 4 for step in steps[mode] for k in step)
+    assert steps["accept"][2] == [4, 4] and all(s == [4, 4] for s in steps["accept"][-10:])
+    assert steps["reject"][2] == [4, 4] and all(s == [0, 0] for s in steps["reject"][-10:])
