@@ -49,9 +49,9 @@ def server(a, peer: Path, model_dir: Path, name: str, port: int, extra: list[str
 
 
 def run_agents(a, peer: Path, model_dir: Path, raw: Path) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {s: [] for s in SYSTEMS}
+    out: dict[str, list[dict]] = {s: [] for s in a.systems}
     for rep in range(a.repeats):
-        for name in SYSTEMS:
+        for name in a.systems:
             cmd, port, env = server(a, peer, model_dir, name, 18200, AGENT_SERVER)
             log(f"agents: starting {name} (repeat {rep})")
             srv = Server(name, cmd, port, raw / f"agents-server-{name}-r{rep}.log", env=env)
@@ -146,6 +146,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="agents,sharegpt")
     ap.add_argument("--repeats", type=int, default=3, help="agents: runs per system")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="agents: which of vllm, vllm-tandem to run")
     ap.add_argument("--rates", default="1,2,4")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--num-prompts", type=int, default=64)
@@ -178,6 +179,7 @@ def main() -> None:
     peer = peer_dir()
     model_dir = resolve_model(None, progress=False)
     a.rates = [float(r) for r in a.rates.split(",")]
+    a.systems = [x for x in a.systems.split(",") if x in SYSTEMS]
     a.seeds = [int(s) for s in a.seeds.split(",")]
     version = subprocess.run([str(peer / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
                              capture_output=True, text=True, env=dict(os.environ)).stdout.strip() or "?"
