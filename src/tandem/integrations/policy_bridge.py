@@ -35,6 +35,7 @@ from tandem.config import POLICY_NAMES, ConfigError, SpecConfig
 from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.policies import make_policy
+from tandem.sched.retention import pop_due, remember
 from tandem.sched.spec_length import DraftLengthPolicy, make_length_policy
 from tandem.sched.tool_policy import MinWaste, PauseContext
 from tandem.types import KVAction, Request
@@ -44,7 +45,6 @@ _GAP_ALPHA = 0.5        # weight of a session's latest gap in its average (recen
 
 DRAFT_POLICIES = ("adaptive", "host")      # host: the host's own draft length, uncut
 ORDERINGS = ("fcfs", "augserve-stage1", "augserve-stage2", "augserve")
-MAX_SESSIONS = 65536                        # sessions whose last finish and gap are remembered
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class PolicyBridge:
     def hold(self, session: str, request_id: str, context_tokens: int, other_tokens: int, num_blocks: int,
              num_total_blocks: int, now: float) -> bool:
         """A call of `session` finished with `num_blocks` of KV: hold them for the next call?"""
-        _remember(self._last_finish, session, now)
+        remember(self._last_finish, session, now)
         if not self.config.hold_sessions or num_blocks <= 0 or self.config.policy == "fcfs":
             return False
         held = sum(h.num_blocks for h in self.holds.values() if h.session != session)
@@ -218,7 +218,7 @@ class PolicyBridge:
         if last is not None:
             gap = max(0.0, now - last)
             old = self._gap.get(session)
-            _remember(self._gap, session, gap if old is None else old + _GAP_ALPHA * (gap - old))
+            remember(self._gap, session, gap if old is None else old + _GAP_ALPHA * (gap - old))
             self.mean_gap_s = gap if self.mean_gap_s is None else self.mean_gap_s + 0.1 * (gap - self.mean_gap_s)
         h = self.holds.pop(session, None)
         self.num_adopted += h is not None
@@ -226,14 +226,8 @@ class PolicyBridge:
 
     def expired(self, now: float) -> list[Hold]:
         """Holds past their ceiling (released by the host)."""
-        out = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, rid, session = heapq.heappop(self._deadlines)
-            h = self.holds.get(session)
-            if h is not None and h.request_id == rid:
-                del self.holds[session]
-                out.append(h)
-                self.num_expired += 1
+        out = pop_due(self._deadlines, self.holds, now)
+        self.num_expired += len(out)
         return out
 
     def victims(self, num_blocks: int, now: float) -> list[Hold]:
@@ -252,10 +246,3 @@ class PolicyBridge:
     @property
     def num_held_blocks(self) -> int:
         return sum(h.num_blocks for h in self.holds.values())
-
-
-def _remember(table: OrderedDict, key: str, value: float) -> None:
-    table[key] = value
-    table.move_to_end(key)
-    if len(table) > MAX_SESSIONS:
-        table.popitem(last=False)

@@ -55,11 +55,26 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
     return lo
 
 
-def _remember(table: OrderedDict, key: tuple[str, str], value: float) -> None:
+def remember(table: OrderedDict, key, value: float) -> None:
+    """Set `table[key]`, keeping the `MAX_REMEMBERED` most recently set keys."""
     table[key] = value
     table.move_to_end(key)
     if len(table) > MAX_REMEMBERED:
         table.popitem(last=False)
+
+
+def pop_due(deadlines: list, held: dict, now: float) -> list:
+    """The entries of `held` whose deadline has come, removed from it. `deadlines` is a heap of
+    (until, request id, key); an entry whose key now holds another request's context (taken over or
+    replaced since) is skipped."""
+    due = []
+    while deadlines and deadlines[0][0] <= now:
+        _, rid, key = heapq.heappop(deadlines)
+        item = held.get(key)
+        if item is not None and item.request_id == rid:
+            del held[key]
+            due.append(item)
+    return due
 
 
 class SessionBook:
@@ -88,7 +103,7 @@ class SessionBook:
         """`r` finished with a session key: hold its KV for the session's next call (the action
         taken), or None if nothing is held (the caller frees its KV)."""
         sid = (r.session.owner, r.session.key)
-        _remember(self._last_finish, sid, now)
+        remember(self._last_finish, sid, now)
         old = self.held.pop(sid, None)
         if old is not None:                       # a session holds one context: its latest
             self._release(old, forget=False)
@@ -126,7 +141,7 @@ class SessionBook:
         Returns the tokens taken over (0: nothing held, or nothing in common)."""
         sid = (new.session.owner, new.session.key)
         new.times.program_start = self._first_arrival.get(sid, new.arrival_time)
-        _remember(self._first_arrival, sid, new.times.program_start)
+        remember(self._first_arrival, sid, new.times.program_start)
         last = self._last_finish.pop(sid, None)
         if last is not None and self.ttl is not None:
             self.ttl.observe(now - last)
@@ -151,13 +166,9 @@ class SessionBook:
         taken over or replaced is skipped) and those held longer than the ceiling. Every step calls
         this: `held` is in hold order (a context is inserted when held), so the ceiling's scan
         stops at the first one still young."""
-        while self._deadlines and self._deadlines[0][0] <= now:     # TTLs run out (Continuum)
-            _, rid, sid = heapq.heappop(self._deadlines)
-            r = self.held.get(sid)
-            if r is not None and r.request_id == rid:
-                del self.held[sid]
-                self._release(r)
-                self.num_expired += 1
+        for r in pop_due(self._deadlines, self.held, now):            # TTLs run out (Continuum)
+            self._release(r)
+            self.num_expired += 1
         ceiling = self.limits.max_hold_s
         while self.held:
             sid, r = next(iter(self.held.items()))
