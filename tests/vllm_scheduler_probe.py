@@ -1,8 +1,9 @@
 """Run by tests/test_vllm_plugin.py under vLLM's interpreter: `TandemScheduler` built in-process on the
 default model's config with n-gram speculation and no model behind it, fed scripted steps in which
 every draft is accepted (`accept`) or rejected (`reject`), while vLLM's proposer offers 4 drafts per
-request each step. A step takes 5 ms plus 2 ms per token it computes (a sleep, so that the step-cost
-model FASER learns from the step times sees drafts cost something, as a model's forward makes them).
+request each step. A step takes 5 ms plus 2 ms per token it computes, on a scripted clock that the
+plugin reads its step times from (so that the step-cost model FASER learns sees drafts cost
+something, as a model's forward makes them, and the same on every machine however busy it is).
 Prints, as JSON, each decode step's scheduled draft count per request."""
 
 from __future__ import annotations
@@ -20,9 +21,29 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+import tandem.integrations.vllm as plugin
 from tandem.integrations.vllm import TandemScheduler
 
 BLOCK, BLOCKS = 16, 512
+
+
+class ScriptedClock:
+    """Stands in for the `time` module the plugin times its steps with: `perf_counter` moves only
+    when a scripted step says how long it took; wall-clock time (session holds) is the real one."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    @staticmethod
+    def time() -> float:
+        return time.time()
+
+
+CLOCK = ScriptedClock()
+plugin.time = CLOCK
 
 
 def build(model_dir: str) -> TandemScheduler:
@@ -52,7 +73,7 @@ def run(model_dir: str, accept: bool, steps: int = 24) -> list[list[int]]:
         ids = list(out.num_scheduled_tokens)
         spec = out.scheduled_spec_decode_tokens
         sampled = [(list(spec.get(r, ())) if accept else []) + [9] for r in ids]
-        time.sleep(0.005 + 0.002 * out.total_num_scheduled_tokens)
+        CLOCK.now += 0.005 + 0.002 * out.total_num_scheduled_tokens
         s.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                                     sampled_token_ids=sampled))
         s.update_draft_token_ids(DraftTokenIds(ids, [[1, 2, 3, 4] for _ in ids]))
