@@ -27,7 +27,7 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 class Linear(nn.Module):
     """y = x W^T + b. On CPU the weight is prepacked once at load (`prepack`) for Tandem's own
     kernels where they run: float32 weights into the 16-column panels of `packed_linear`
-    (csrc/cpu_ops.cpp), bfloat16 weights on CPUs with AVX512-BF16 into the 32-column pair panels
+    (csrc/packed_linear.cpp), bfloat16 weights on CPUs with AVX512-BF16 into the 32-column pair panels
     of `packed_linear_bf16` (csrc/linear_bf16.cpp); anything else (or without the compiled
     kernels) for oneDNN. Measured against oneDNN over the default model's layer shapes: float32 on
     a 2-core AVX2 EPYC 1.2-1.9x at 1-48 rows (decode), equal at 256 (prefill); bfloat16 on a 2-core

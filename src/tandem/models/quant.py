@@ -8,7 +8,7 @@ tandem.models.gguf_load decides per weight shape which kernel runs which step si
 the layer holds float weights at all. In a bfloat16 model on a CPU with AVX512-BF16 the blocks are
 repacked for `quant_linear_bf16` (csrc/quant_bf16.cpp: the integer q values times bfloat16
 activations on VDPBF16PS, the scales applied per block in float32, so no weight is rounded);
-otherwise `quant_linear` (csrc/cpu_ops.cpp) decodes them to float32. The float32 weights are
+otherwise `quant_linear` (csrc/quant_linear.cpp) decodes them to float32. The float32 weights are
 exactly the blocks' values (the converter dequantizes the same blocks), so the weight-only and
 float32 paths compute the same function up to summation order. `max_rows` is measured per weight
 shape at load on this CPU (`choose_rows`): the largest row count at which the quantized kernel

@@ -1,7 +1,8 @@
 """Per-layer small ops, in two implementations with one interface.
 
 `TorchOps` is plain PyTorch and runs on any device. `CpuKernelOps` calls Tandem's fused C++
-kernels (csrc/cpu_ops.cpp), compiled on first use with torch's cpp_extension and cached under
+kernels (csrc/: one file per kernel topic, each registering its own ops; csrc/cpu_ops.cpp is the
+module's entry point), compiled on first use with torch's cpp_extension and cached under
 $TANDEM_CACHE/ext; if compilation is impossible the engine falls back to `TorchOps` with a
 warning. Set TANDEM_CPU_KERNELS=0 to force the fallback.
 """
@@ -19,8 +20,23 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger("tandem.kernels")
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("cpu_ops.cpp", "linear_bf16.cpp", "quant_bf16.cpp", "quant_i8.cpp", "prefill_bf16.cpp",
-                                                             "decoder_stack.cpp")]
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = [_CSRC / name for name in (
+    "cpu_ops.cpp",            # the module's entry point: the register_* calls of the files below
+    "elementwise.cpp",        # add_rms_norm, rope_, silu_and_mul
+    "paged_attention.cpp",    # paged_attention (float32 / bfloat16 / float16 caches), decode_bf16_available
+    "kv_write.cpp",           # kv_write_
+    "quant_linear.cpp",       # quant_linear, quant_dequantize (GGML blocks, float32 activations)
+    "packed_linear.cpp",      # pack_linear, packed_linear (float32 on 16-column panels)
+    "linear_bf16.cpp",        # pack_linear_bf16, packed_linear_bf16 (AVX512-BF16)
+    "quant_bf16.cpp",         # quant_pack_bf16, quant_linear_bf16 (AVX512-BF16)
+    "quant_i8.cpp",           # quant_pack_i8, quant_linear_i8 (8-bit activations)
+    "prefill_bf16.cpp",       # prefill_attention_bf16 (AVX512-BF16)
+    "sampling.cpp",           # sample_rows
+    "grammar_mask.cpp",       # mask_by_bits_
+    "decoder_stack.cpp",      # DecoderStack
+)]
+_HEADERS = [_CSRC / "common.h"]   # helpers shared by several sources: part of the build's key
 _module: ModuleType | None = None
 _tried = False
 
@@ -118,7 +134,7 @@ def load_cpu_kernels() -> ModuleType | None:
         return None
     from tandem.paths import cache_dir
 
-    src = b"".join(p.read_bytes() for p in _SOURCES)
+    src = b"".join(p.read_bytes() for p in (*_SOURCES, *_HEADERS))
     # -march=native: a build is only valid on a CPU with the same instruction set, so the CPU's
     # flags are part of the key (a cache copied to another machine builds anew, never crashes).
     from tandem.runner.device import cpu_info

@@ -134,7 +134,7 @@ class Sampler:
         idx = _index(constrained, logits.device)
         logits = logits.clone()
         if self._mask_kernel is not None and logits.dtype == torch.float32 and logits.is_contiguous():
-            self._mask_kernel(logits, idx, bits)       # one pass per row, in place (csrc/cpu_ops.cpp)
+            self._mask_kernel(logits, idx, bits)       # one pass per row, in place (csrc/grammar_mask.cpp)
             return logits
         allowed = _unpack_bits(bits, vocab)
         logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill(~allowed.to(logits.device), float("-inf")))
@@ -236,12 +236,12 @@ class _EndNow:
 
 
 def _fused_sampler(device: torch.device):
-    """The compiled `sample_rows` (csrc/cpu_ops.cpp) on CPU where the kernels built, else None."""
+    """The compiled `sample_rows` (csrc/sampling.cpp) on CPU where the kernels built, else None."""
     return _cpu_kernel(device, "sample_rows")
 
 
 def _cpu_kernel(device: torch.device, name: str):
-    """The compiled kernel `name` (csrc/cpu_ops.cpp) on CPU where the kernels built, else None."""
+    """The compiled kernel `name` (a csrc/ file) on CPU where the kernels built, else None."""
     if device.type != "cpu":
         return None
     from tandem.runner.kernels import load_cpu_kernels

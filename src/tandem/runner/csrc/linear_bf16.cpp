@@ -151,3 +151,9 @@ torch::Tensor packed_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional
 #endif
   return y;
 }
+
+void register_linear_bf16(pybind11::module_& m) {
+  m.def("bf16_linear_available", &bf16_linear_available, "whether pack_linear_bf16 runs here (AVX512-BF16)");
+  m.def("pack_linear_bf16", &pack_linear_bf16, "bfloat16 [N, K] weights -> [N/32, K/2, 64] panels");
+  m.def("packed_linear_bf16", &packed_linear_bf16, "x @ W^T (+ bias) in bfloat16 with W packed by pack_linear_bf16");
+}

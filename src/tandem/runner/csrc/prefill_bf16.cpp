@@ -30,7 +30,7 @@ namespace {
 
 #ifdef TANDEM_PREFILL_BF16
 
-// exp on 16 floats (Cephes polynomial, as exp8 in cpu_ops.cpp); inputs below -88 give ~0.
+// exp on 16 floats (Cephes polynomial, as exp8 in common.h); inputs below -88 give ~0.
 inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-88.3762626647949f));
   const __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
@@ -232,4 +232,9 @@ torch::Tensor prefill_attention_bf16(torch::Tensor q, torch::Tensor k_cache, tor
   });
 #endif
   return out;
+}
+
+void register_prefill_bf16(pybind11::module_& m) {
+  m.def("prefill_bf16_available", &prefill_bf16_available, "whether prefill_attention_bf16 runs here");
+  m.def("prefill_attention_bf16", &prefill_attention_bf16, "causal attention of one bfloat16 prefill chunk, paged");
 }

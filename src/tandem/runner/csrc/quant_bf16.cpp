@@ -212,3 +212,8 @@ torch::Tensor quant_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional<
 #endif
   return y;
 }
+
+void register_quant_bf16(pybind11::module_& m) {
+  m.def("quant_pack_bf16", &quant_pack_bf16, "GGML Q4_1 / Q8_0 blocks -> records for quant_linear_bf16");
+  m.def("quant_linear_bf16", &quant_linear_bf16, "bfloat16 x @ W^T (+ bias) with W packed by quant_pack_bf16");
+}

@@ -324,3 +324,9 @@ torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<to
   return y;
 #endif
 }
+
+void register_quant_i8(pybind11::module_& m) {
+  m.def("i8_linear_available", &i8_linear_available, "whether quant_linear_i8 runs here (AVX2 + FMA + F16C)");
+  m.def("quant_pack_i8", &quant_pack_i8, "GGML Q4_1 or Q8_0 blocks -> 8-row records for quant_linear_i8");
+  m.def("quant_linear_i8", &quant_linear_i8, "x @ W^T (+ bias), W in Q4_1 or Q8_0 records, x rounded to 8 bits per block (Q8_1 / Q8_0)");
+}
