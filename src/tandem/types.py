@@ -245,6 +245,15 @@ class ScheduledSeq:
     num_draft_tokens: int = 0
     history: list[int] = field(default_factory=list)
 
+    @classmethod
+    def next_chunk(cls, request: Request, num_new: int, block_ids: list[int]) -> ScheduledSeq:
+        """`request`'s next `num_new` tokens, from its first position without KV."""
+        start = request.num_computed_tokens
+        return cls(request_id=request.request_id, token_ids=request.token_ids[start:start + num_new], start=start,
+                   block_ids=block_ids, sample=start + num_new == request.num_tokens,
+                   sampling_params=request.sampling_params, num_output_tokens=request.num_output_tokens,
+                   stop_token_ids=request.stop_token_ids, history=request.token_ids)
+
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)

@@ -342,19 +342,8 @@ class Scheduler:
         return self.pauses.discard_preserved() or self.pauses.evict_waiting(self.waiting, exclude=head)
 
     def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int) -> None:
-        start = request.num_computed_tokens
-        plan.seqs.append(ScheduledSeq(
-            request_id=request.request_id,
-            token_ids=request.token_ids[start:start + num_new],
-            start=start,
-            block_ids=self.kv.block_ids(request.request_id),
-            sample=start + num_new == request.num_tokens,
-            sampling_params=request.sampling_params,
-            num_output_tokens=request.num_output_tokens,
-            stop_token_ids=request.stop_token_ids,
-            history=request.token_ids,
-        ))
-        request.num_computed_tokens = start + num_new
+        plan.seqs.append(ScheduledSeq.next_chunk(request, num_new, self.kv.block_ids(request.request_id)))
+        request.num_computed_tokens += num_new
         self.num_scheduled_tokens += num_new
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
