@@ -176,7 +176,7 @@ def test_stage1_ranks_by_engine_service_time_not_tool_wall_time():
 
     def req(name, key, max_tokens, seq):
         r = Request(name, [7] * 10, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-        r.tool_key, r.arrival_seq = key, seq
+        r.tool.key, r.rank.arrival_seq = key, seq
         return r
 
     lengths = OutputLengthPredictor(min_samples=10**6)     # cold: every request predicts the prior

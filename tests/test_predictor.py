@@ -101,7 +101,7 @@ def test_engine_bench_trains_on_its_own_request_builder(tiny_llama):
     predicted, actual = [], []
     for i, (_, req) in enumerate(make_trace(200, 1.0, 1, 0.25, 0.25)):
         r = Request(f"r{i}", prompt_ids(tok, req, rng), SamplingParams(max_tokens=req.output_tokens))
-        r.tool_key = req.type
+        r.tool.key = req.type
         predicted.append(lengths.predict(r))
         actual.append(req.output_tokens)
     assert kendall_tau(predicted, actual) > 0.3

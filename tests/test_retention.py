@@ -54,7 +54,7 @@ def test_the_next_call_takes_over_the_held_context_in_whole_blocks(action):
     sched = make(action)
     c0 = first_call(sched)                            # 22 + 3 tokens, 24 computed: 6 blocks
     assert sched.sessions.num_held == 1 and sched.pauses.num_actions[action] == 1
-    assert c0.num_tool_calls == 0                     # a hold is not a tool call of the request
+    assert c0.tool.num_calls == 0                     # a hold is not a tool call of the request
     if action is KVAction.SWAP:                       # (its copies went out with the last plan)
         assert sched.kv.num_swapped_blocks("c0") == 6 and sched.kv.num_free_blocks == 32
     else:

@@ -123,7 +123,7 @@ def test_scheduler_invariants_hold_for_any_program(program, num_blocks, prefix_c
         elif kind == "pause" and sched.running:
             r = sched.running[op[1] % len(sched.running)]
             # (as in the engine: right after the step that sampled the tool call's last token)
-            if r.num_tool_calls < 2 and r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1:
+            if r.tool.num_calls < 2 and r.num_output_tokens > 0 and r.num_computed_tokens == r.num_tokens - 1:
                 sched.pause_request(r.request_id, now, expected_s=0.5, tool="t")
         elif kind == "resume" and sched.pauses.paused:
             rids = sorted(sched.pauses.paused)

@@ -118,8 +118,8 @@ def test_anti_starvation_serves_the_longest_wait_first():
 
     ordering = AugServeOrdering(OutputLengthPredictor(), ToolStats(), stage2=True, max_wait_s=30.0)
     resumed, fresh = req("resumed", 8, arrival=0.0), req("fresh", 8, arrival=50.0)
-    resumed.last_resumed = 100.0                  # back from a tool at t=100, waiting 100 s at t=200
-    resumed.arrival_seq, fresh.arrival_seq = 0, 1
+    resumed.tool.last_resumed = 100.0                  # back from a tool at t=100, waiting 100 s at t=200
+    resumed.rank.arrival_seq, fresh.rank.arrival_seq = 0, 1
     assert ordering.key(fresh, 200.0) < ordering.key(resumed, 200.0)          # fresh has waited 150 s
     assert ordering.key(resumed, 120.0)[0] == 1 and ordering.key(fresh, 120.0)[0] == 0
 
@@ -131,8 +131,8 @@ def test_vllm_like_baseline_queues_a_tool_continuation_as_a_new_arrival():
     from tandem.sched.policies import make_policy
 
     resumed, fresh = req("resumed", 8, arrival=0.0), req("fresh", 8, arrival=50.0)
-    resumed.last_resumed = 100.0
-    resumed.arrival_seq, fresh.arrival_seq = 0, 1
+    resumed.tool.last_resumed = 100.0
+    resumed.rank.arrival_seq, fresh.rank.arrival_seq = 0, 1
     vllm_like = make_policy("fcfs-discard", 64, StepCostModel()).ordering
     infercept = make_policy("infercept", 64, StepCostModel()).ordering
     assert vllm_like.key(fresh, 120.0) < vllm_like.key(resumed, 120.0)
@@ -158,11 +158,11 @@ def test_the_next_plan_names_requests_whose_kv_a_pause_freed_or_moved():
     a swap voids it, so the next plan says which requests lost their blocks; a preserve does not."""
     for action, released in ((KVAction.DISCARD, ["a"]), (KVAction.SWAP, ["a"]), (KVAction.PRESERVE, [])):
         sched, a = one_prefilled(action, "a", 24)
-        a.num_draft_seen = 25
+        a.draft.num_seen = 25
         assert sched.pause_request("a", 0.0, 1.0) is action
         sched.add_request(req("b", 4))
         assert sched.schedule(1.0).released_ids == released, action
-        assert a.num_draft_seen == (0 if released else 25)
+        assert a.draft.num_seen == (0 if released else 25)
         assert sched.schedule(1.0).released_ids == []
 
 

@@ -244,7 +244,7 @@ def test_a_draft_models_catch_up_is_learned_and_charged_to_a_requests_first_draf
     for r in (new, old):
         r.num_computed_tokens = 400
         teach(policy, r, 8, 8)
-    old.num_draft_seen = 400
+    old.draft.num_seen = 400
     assert policy.choose([old], [8], num_base_tokens=1)[0] > 0
     assert policy.choose([new], [8], num_base_tokens=1) == [0]
 

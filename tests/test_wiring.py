@@ -175,7 +175,7 @@ def test_a_requests_tokens_have_one_copy_the_outputs_read():
     whose context is prompt + generated + tool results, less the tool results' spans."""
     r = Request("r", [1, 2, 3], SamplingParams(max_tokens=8))
     r.token_ids.extend([7, 8])
-    r.injected_spans.append((len(r.token_ids), 3))
+    r.tool.injected_spans.append((len(r.token_ids), 3))
     r.token_ids.extend([100, 101, 102, 9])
     assert r.generated_token_ids == [7, 8, 9] and r.num_output_tokens == 3 and r.num_injected_tokens == 3
     assert r.output_token_ids == [7, 8, 100, 101, 102, 9]

@@ -120,12 +120,53 @@ class RequestTimes:
     program_start: float | None = None   # its session's first call's arrival (sched/retention.py)
 
 
+@dataclass
+class DraftState:
+    """A request's speculative decoding: its counters and what its proposer has read and can offer."""
+
+    stats: SpecStats = field(default_factory=SpecStats)
+    available: int | None = None    # drafts the proposer can offer next step (None: unlimited)
+    num_seen: int = 0               # tokens the proposer has read (a draft model catches up on the
+                                    # rest, its whole prompt at first, before drafting)
+
+
+@dataclass
+class ToolState:
+    """A request's server-side tool calls (AugServe): its tool family, the calls made so far and
+    the tool results appended to its context (context, not output)."""
+
+    key: str | None = None          # its tool family / workload type (predictor feature, stats key)
+    num_calls: int = 0
+    injected_spans: list[tuple[int, int]] = field(default_factory=list)   # (start, length) in token_ids
+                                    # of each tool result appended to the context
+    last_resumed: float | None = None   # when the last tool result arrived (Stage II signals)
+
+
+@dataclass
+class RankState:
+    """What the scheduling policies keep about a request to order it: its admission order and
+    AugServe Stage I's predictions, each made once."""
+
+    arrival_seq: int | None = None  # admission order, set by the scheduler (the orderings' tie-break)
+    predicted_output_tokens: float | None = None   # Stage I's output-length prediction
+    stage1_s: float | None = None   # Stage I's predicted service time
+
+
 @dataclass(eq=False)
 class Request:
     """One generation request as the scheduler tracks it.
 
     `token_ids` holds prompt + output. `num_computed_tokens` of them have KV in the cache; after a
     token is sampled it is appended and not yet computed, so a decode step computes exactly one token.
+
+    The core every module reads is flat: identity, tokens, progress and the prefix-cache hashes.
+    The rest is grouped by concern, each a typed part (no string keys):
+      `times`   RequestTimes: timestamps of its life;
+      `session` SessionInfo: whose context its KV is held for after it finishes;
+      `pause`   PauseState, or None: the tool call (or session hold) it is paused on;
+      `draft`   DraftState: speculative decoding counters and proposer progress;
+      `tool`    ToolState: its tool family, tool calls and the tool results in its context;
+      `rank`    RankState: what the policies order it by (admission order, Stage I predictions).
     """
 
     request_id: str
@@ -139,23 +180,13 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
-    times: RequestTimes = field(default_factory=RequestTimes)
-    spec: SpecStats = field(default_factory=SpecStats)
-    draft_available: int | None = None   # drafts the proposer can offer next step (None: unlimited)
-    num_draft_seen: int = 0              # tokens the proposer has read (a draft model catches up on
-                                         # the rest, its whole prompt at first, before drafting)
-    injected_spans: list[tuple[int, int]] = field(default_factory=list)   # (start, length) in token_ids of
-                                         # each tool result appended to the context (context, not output)
-    num_tool_calls: int = 0
-    pause: PauseState | None = None
-    last_resumed: float | None = None    # when the last tool result arrived (Stage II signals)
-    # What the policies and the KV manager keep about a request (typed fields, no string keys):
-    tool_key: str | None = None          # its tool family / workload type (predictor feature, stats key)
-    arrival_seq: int | None = None       # admission order, set by the scheduler (the orderings' tie-break)
-    predicted_output_tokens: float | None = None   # Stage I's output-length prediction, made once
-    stage1_s: float | None = None        # Stage I's predicted service time, made once
     block_hashes: list = field(default_factory=list)  # its full blocks' prefix-cache hashes so far
+    times: RequestTimes = field(default_factory=RequestTimes)
     session: SessionInfo = SessionInfo()
+    pause: PauseState | None = None
+    draft: DraftState = field(default_factory=DraftState)
+    tool: ToolState = field(default_factory=ToolState)
+    rank: RankState = field(default_factory=RankState)
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -177,7 +208,7 @@ class Request:
 
     @property
     def num_injected_tokens(self) -> int:
-        return sum(n for _, n in self.injected_spans)
+        return sum(n for _, n in self.tool.injected_spans)
 
     @property
     def num_output_tokens(self) -> int:
@@ -202,10 +233,10 @@ class Request:
     def generated_token_ids(self) -> list[int]:
         """The tokens the model generated, in order: the context after the prompt less the tool
         results (the one copy of a request's tokens; the engine's outputs read it)."""
-        if not self.injected_spans:
+        if not self.tool.injected_spans:
             return self.token_ids[len(self.prompt_token_ids):]
         out, at = [], len(self.prompt_token_ids)
-        for start, n in self.injected_spans:
+        for start, n in self.tool.injected_spans:
             out.extend(self.token_ids[at:start])
             at = start + n
         out.extend(self.token_ids[at:])

@@ -59,7 +59,7 @@ def train_predictor(tok, num_requests: int, seed: int, tokens: float, tool_time:
     samples = []
     for i, req in enumerate(scaled(r, tokens, tool_time) for r in sample_augmented(num_requests, random.Random(seed))):
         r = Request(f"train-{i}", prompt_ids(tok, req, rng), SamplingParams(max_tokens=req.output_tokens))
-        r.tool_key = req.type
+        r.tool.key = req.type
         samples.append((r, req.output_tokens, calls_of(req.segments)))
     state = fit(samples)
     state["trained_on"].update(dataset="augmented", seed=seed, builder="engine", token_scale=tokens,

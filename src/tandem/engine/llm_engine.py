@@ -174,7 +174,7 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, ids, params) if self.tokenizer is not None else None
         self._states[rid] = _ReqState(request, prompt, detok, [] if params.logprobs is not None else None)
         if tool_options is not None:
-            request.tool_key = tool_options.key
+            request.tool.key = tool_options.key
             self.tools.watch(rid, tool_options)
         self.scheduler.add_request(request)
         self.num_prompt_tokens += len(ids)
@@ -308,8 +308,8 @@ class LLMEngine:
             first_token_time=r.times.first_token, finished_time=r.times.finished,
             num_prompt_tokens=r.num_prompt_tokens, num_output_tokens=r.num_output_tokens,
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
-            spec=r.spec.as_dict() if r.spec.chosen_lengths else None, tool_calls=list(state.tool_log),
-            predicted_output_tokens=r.predicted_output_tokens)
+            spec=r.draft.stats.as_dict() if r.draft.stats.chosen_lengths else None, tool_calls=list(state.tool_log),
+            predicted_output_tokens=r.rank.predicted_output_tokens)
         completion = CompletionOutput(0, text, r.generated_token_ids, reason,
                                       list(state.logprobs) if state.logprobs is not None else None)
         return RequestOutput(r.request_id, state.prompt, r.prompt_token_ids, [completion], finished, metrics,

@@ -130,8 +130,8 @@ class PolicyBridge:
         """A host request enters: its shadow shares `all_token_ids` (the host appends outputs)."""
         r = Request(request_id, prompt_token_ids, SamplingParams(max_tokens=max(1, max_tokens), ignore_eos=True),
                     arrival_time=arrival_time, token_ids=all_token_ids)
-        r.tool_key = tool_key
-        r.arrival_seq = self._seq
+        r.tool.key = tool_key
+        r.rank.arrival_seq = self._seq
         self._seq += 1
         self.shadows[request_id] = r
         return r
@@ -182,7 +182,7 @@ class PolicyBridge:
 
     def observe_drafts(self, shadow: Request, drafted: int, accepted: int) -> None:
         if self.lengths_policy is not None and drafted > 0:
-            shadow.spec.record(drafted, accepted)
+            shadow.draft.stats.record(drafted, accepted)
             self.lengths_policy.observe_request(shadow, drafted, accepted)
 
     def observe_step(self, num_tokens: int, duration_s: float, verified_drafts: int = 0, decode_rows: int = 0) -> None:

@@ -68,4 +68,4 @@ class ProgramFCFS(FCFS):
     def key(self, request: Request, now: float) -> tuple:
         start = request.times.program_start
         return (request.arrival_time if start is None else min(start, request.arrival_time),
-                request.arrival_seq or 0)
+                request.rank.arrival_seq or 0)

@@ -62,14 +62,14 @@ class FCFS:
 
     def key(self, request: Request, now: float) -> tuple:
         since = request.arrival_time
-        if self.resubmit_on_resume and request.last_resumed is not None:
-            since = request.last_resumed
-        return (since, request.arrival_seq or 0)
+        if self.resubmit_on_resume and request.tool.last_resumed is not None:
+            since = request.tool.last_resumed
+        return (since, request.rank.arrival_seq or 0)
 
 
 def tool_key(request: Request) -> str:
     """Which tool statistics describe this request: its workload type or tool, if known."""
-    return "default" if request.tool_key is None else str(request.tool_key)
+    return "default" if request.tool.key is None else str(request.tool.key)
 
 
 class AugServeOrdering:
@@ -113,21 +113,21 @@ class AugServeOrdering:
 
     @staticmethod
     def _since(r: Request) -> float:
-        return r.last_resumed if r.last_resumed is not None else r.arrival_time
+        return r.tool.last_resumed if r.tool.last_resumed is not None else r.arrival_time
 
     def service_time(self, r: Request, pending_tokens: int) -> float:
         remaining = max(1.0, self.lengths.predict(r) - r.num_output_tokens)
         k = tool_key(r)
-        calls_left = max(0.0, self.tools.calls(k) - r.num_tool_calls)
+        calls_left = max(0.0, self.tools.calls(k) - r.tool.num_calls)
         per_call = self.tool_time_weight * self.tools.duration(k) + self.tools.return_tokens(k) * self.prefill_token_s
         return remaining * self.decode_token_s + pending_tokens * self.prefill_token_s + calls_left * per_call
 
     def key(self, r: Request, now: float) -> tuple:
-        seq = r.arrival_seq or 0
+        seq = r.rank.arrival_seq or 0
         if not self.dynamic:
-            if r.stage1_s is None:
-                r.stage1_s = self.service_time(r, r.num_prompt_tokens)
-            return (1, r.stage1_s, seq)
+            if r.rank.stage1_s is None:
+                r.rank.stage1_s = self.service_time(r, r.num_prompt_tokens)
+            return (1, r.rank.stage1_s, seq)
         since = self._since(r)
         waited = now - since
         if waited >= self.max_wait_s:

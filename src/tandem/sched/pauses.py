@@ -69,7 +69,7 @@ class PauseBook:
             self._holding.add(r.request_id)
         r.status = RequestStatus.PAUSED_TOOL
         r.pause = PauseState(action, now, expected, key, held)
-        r.num_tool_calls += tool_call
+        r.tool.num_calls += tool_call
         self.paused[r.request_id] = r
         self.num_actions[action] += 1
         return action
@@ -87,10 +87,10 @@ class PauseBook:
     def resume(self, r: Request, token_ids: list[int], now: float) -> None:
         del self.paused[r.request_id]
         self._holding.discard(r.request_id)
-        r.injected_spans.append((len(r.token_ids), len(token_ids)))
+        r.tool.injected_spans.append((len(r.token_ids), len(token_ids)))
         r.token_ids.extend(token_ids)
         self.tools.observe_call(r.pause.tool, now - r.pause.since, len(token_ids))
-        r.last_resumed = now
+        r.tool.last_resumed = now
         r.status = RequestStatus.WAITING
 
     def discard_preserved(self, among: Iterable[Request] | None = None) -> bool:
@@ -126,7 +126,7 @@ class PauseBook:
     def mark_released(self, r: Request) -> None:
         """r's device KV is gone or will move blocks (here or in the scheduler): so is whatever a
         draft model read of it; the next plan says so."""
-        r.num_draft_seen = 0
+        r.draft.num_seen = 0
         self.released.append(r.request_id)
 
     def take_swap_outs(self) -> list[tuple[int, int]]:

@@ -32,7 +32,7 @@ def features(request: Request) -> np.ndarray:
     head = request.prompt_token_ids[:_HEAD]
     for t in head:
         x[2 + (t * 2654435761 % 2**32) % _BUCKETS] += 1.0 / max(1, len(head))
-    key = request.tool_key
+    key = request.tool.key
     if key is not None:
         x[2 + _BUCKETS + zlib.crc32(str(key).encode()) % _KEYS] = 1.0
     return x
@@ -50,11 +50,11 @@ class OutputLengthPredictor:
         self.min_samples = min_samples
 
     def predict(self, request: Request) -> float:
-        if request.predicted_output_tokens is not None:
-            return request.predicted_output_tokens
+        if request.rank.predicted_output_tokens is not None:
+            return request.rank.predicted_output_tokens
         y = self.prior if self.w is None else float(features(request) @ self.w)
         pred = float(math.exp(min(y, 12.0)))
-        request.predicted_output_tokens = pred
+        request.rank.predicted_output_tokens = pred
         return pred
 
     def observe(self, request: Request, output_tokens: int, refit: bool = True) -> None:

@@ -106,8 +106,8 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        if request.arrival_seq is None:
-            request.arrival_seq = next(self._counter)
+        if request.rank.arrival_seq is None:
+            request.rank.arrival_seq = next(self._counter)
         self.requests[request.request_id] = request
         if request.session.key is not None:
             self.sessions.adopt(request, request.arrival_time)
@@ -133,7 +133,7 @@ class Scheduler:
             self.pauses.drop(request)
         if reason is not FinishReason.ABORT:
             self.policy.lengths.observe(request, request.num_output_tokens)
-            self.policy.tools.observe_finish(tool_key(request), request.num_tool_calls)
+            self.policy.tools.observe_finish(tool_key(request), request.tool.num_calls)
         if now is None or reason is FinishReason.ABORT or request.session.key is None or not self.policy.holds_sessions \
                 or self.sessions.hold(request, now, sum(r.num_computed_tokens for r in self.running)) is None:
             self.kv.free(request)
@@ -351,7 +351,7 @@ class Scheduler:
         self.kv.free(request)
         self._num_preempted_tokens += request.num_computed_tokens
         request.num_computed_tokens = 0
-        request.num_draft_seen = 0                # the runner drops its proposer state too
+        request.draft.num_seen = 0                # the runner drops its proposer state too
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.num_preemptions += 1
@@ -384,7 +384,7 @@ class Scheduler:
     def _observe_step(self, plan: StepPlan, result: StepResult, now: float) -> None:
         for rid, n in result.draft_available.items():
             if rid in self.requests:
-                self.requests[rid].draft_available = n
+                self.requests[rid].draft.available = n
         if self._step_started is not None and self.tpot_guard is not None:
             self.tpot_guard.observe(now - self._step_started, self._step_had_decodes)
         if self._step_started is None or plan.frontier_size:

@@ -303,7 +303,7 @@ class AdaptiveLength:
             return [0.0] * len(requests)
         out = []
         for r, e, lim in zip(requests, est, limits):
-            unread = max(0, r.num_computed_tokens + 1 - r.num_draft_seen)
+            unread = max(0, r.num_computed_tokens + 1 - r.draft.num_seen)
             steps = max(1.0, (r.max_tokens - r.num_output_tokens) / (1.0 + _gain([e], [lim])))
             out.append(per_token * unread / steps)
         return out

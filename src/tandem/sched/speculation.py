@@ -72,14 +72,14 @@ class DraftBook:
             if k > 0 and not self.kv.can_allocate(req, k):
                 k = 0
             if k > 0:
-                self.catch_up += max(0, seq.start + seq.num_tokens - req.num_draft_seen)
+                self.catch_up += max(0, seq.start + seq.num_tokens - req.draft.num_seen)
                 self.kv.allocate(req, k)
                 req.num_computed_tokens += k          # tentative: settle() rolls back rejected slots
                 seq.num_draft_tokens = k
                 seq.block_ids = self.kv.block_ids(req.request_id)
                 used += k
                 drafting.append((req, k))
-            req.spec.chosen_lengths[k] = req.spec.chosen_lengths.get(k, 0) + 1
+            req.draft.stats.chosen_lengths[k] = req.draft.stats.chosen_lengths.get(k, 0) + 1
             self.stats.chosen_lengths[k] = self.stats.chosen_lengths.get(k, 0) + 1
         if self.frontiers is not None and drafting:
             plan.frontier_size = self.frontiers.choose([r for r, _ in drafting], [k for _, k in drafting], base)
@@ -90,7 +90,7 @@ class DraftBook:
         if not r.sampling_params.speculation_ok:
             return 0
         room = min(r.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens) - 1
-        offer = self.max_draft_tokens if r.draft_available is None else r.draft_available
+        offer = self.max_draft_tokens if r.draft.available is None else r.draft.available
         return max(0, min(self.max_draft_tokens, offer, room))
 
     def settle(self, request: Request, seq: ScheduledSeq, result: StepResult) -> None:
@@ -101,10 +101,10 @@ class DraftBook:
         emitted = len(result.sampled_token_ids.get(rid, ())) or 1
         # Every emitted token but the last has its KV computed (the last is the next step's input).
         request.num_computed_tokens = seq.start + seq.num_tokens + emitted - 1
-        request.num_draft_seen = request.num_computed_tokens     # the proposer read up to here
+        request.draft.num_seen = request.num_computed_tokens     # the proposer read up to here
         self.kv.truncate(request, request.num_computed_tokens)
         pruned = result.num_pruned_tokens.get(rid, 0)
-        request.spec.record(drafted, accepted, pruned)
+        request.draft.stats.record(drafted, accepted, pruned)
         self.stats.record(drafted, accepted, pruned)
         self.length.observe_request(request, drafted, accepted)
         if self.frontiers is not None:

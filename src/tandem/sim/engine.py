@@ -96,7 +96,7 @@ class SimEngine:
             return []
         request = self._new_request(spec, index, now)
         if spec.has_tools:
-            request.tool_key = spec.kind
+            request.tool.key = spec.kind
             self._cursors[rid] = ScriptCursor(seg.completion_tokens for seg in spec.segments)
             self._segments[rid] = spec.segments
         self._requests[rid] = request
@@ -165,7 +165,7 @@ class SimEngine:
     # --- tool calls ------------------------------------------------------------------------
     def _pause(self, rid: str, seg: Segment, now: float) -> Event:
         hint = seg.api_time_s if self.config.tool_time_hint == "oracle" else None
-        self.scheduler.pause_request(rid, now, hint, tool=self._requests[rid].tool_key)
+        self.scheduler.pause_request(rid, now, hint, tool=self._requests[rid].tool.key)
         deadline = now + seg.api_time_s
         self._tools[rid] = seg.return_tokens
         heapq.heappush(self._deadlines, (deadline, next(self._tool_order), rid))
@@ -195,7 +195,7 @@ class SimEngine:
         rec.output_tokens = request.num_output_tokens
         rec.num_preemptions = request.num_preemptions
         rec.cached_tokens = request.num_cached_tokens
-        spec = request.spec
+        spec = request.draft.stats
         rec.num_draft_tokens, rec.num_accepted_tokens, rec.num_spec_steps, rec.num_pruned_tokens = \
             spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_steps, spec.num_pruned_tokens
         self.executor.release([rid])

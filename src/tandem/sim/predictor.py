@@ -36,13 +36,13 @@ def as_request(spec: SimRequest, index: int) -> Request:
     params = SamplingParams(max_tokens=max(1, spec.output_tokens), temperature=0.0, ignore_eos=True)
     r = Request(spec.request_id, prompt_token_ids(index, spec.prompt_tokens), params)
     if spec.has_tools:
-        r.tool_key = spec.kind
+        r.tool.key = spec.kind
     return r
 
 
 def fit(samples: Iterable[tuple[Request, int, list[tuple[float, int]]]]) -> dict[str, Any]:
     """Predictor state from (request as the scheduler sees it at arrival, its output tokens, its tool
-    calls as (seconds, returned tokens)); tool statistics are per request's tool_key (exact means)."""
+    calls as (seconds, returned tokens)); tool statistics are per request's `tool.key` (exact means)."""
     lengths = OutputLengthPredictor()
     durations, returned, calls = defaultdict(list), defaultdict(list), defaultdict(list)
     n = 0
