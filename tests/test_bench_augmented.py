@@ -39,3 +39,19 @@ def test_bench_augmented_completes_the_trace_and_writes_the_step_trace(tiny_llam
     written = json.loads((tmp_path / "out.json").read_text())
     assert written["results"]["20.0"]["augserve"][0]["num_requests"] == 6
     assert written["stall"] == {"seconds": 0.3, "at_s": 0.0}
+
+
+def test_repeats_replay_the_same_trace(tiny_llama):
+    """`--repeats N` runs the command N times: the same arrivals and requests in every repeat (a
+    different trace is another `--trace-seed`)."""
+    llm = LLM(model=str(tiny_llama), tools=True, max_num_batched_tokens=64, kv_cache_memory_gb=0.002)
+    data = bench_augmented(llm, ["augserve"], [20.0], num_requests=4, seed=5, token_scale=0.05, time_scale=0.01,
+                           slo=(5.0, 1.0), repeats=2, json_path=None, log=lambda *_: None, predictor={})
+    runs = data["results"]["20.0"]["augserve"]
+    arrivals = sorted(at for at, _ in make_trace(4, 20.0, 5, 0.05, 0.01))
+    assert len(runs) == 2
+    for res in runs:
+        got = sorted((r["arrival_s"], r["prompt_tokens"], r["type"]) for r in res["records"])
+        assert [a for a, _, _ in got] == pytest.approx(arrivals, abs=1e-6)
+    first, second = (sorted((r["prompt_tokens"], r["type"]) for r in res["records"]) for res in runs)
+    assert first == second

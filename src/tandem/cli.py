@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--policies", default="fcfs-discard,infercept,augserve")
     au.add_argument("--rates", default="0.1,0.25,0.5", help="Poisson request rates (req/s)")
     au.add_argument("--num-requests", type=int, default=40)
-    au.add_argument("--repeats", type=int, default=1)
+    au.add_argument("--repeats", type=int, default=1,
+                    help="run each (rate, policy) this many times on the same trace (another trace: --trace-seed)")
     au.add_argument("--token-scale", type=float, default=1.0, help="scale the trace's token counts")
     au.add_argument("--time-scale", type=float, default=1.0, help="scale the trace's tool times")
     au.add_argument("--slo-ttft", type=float, default=5.0, help="SLO: TTFT bound (s)")

@@ -159,9 +159,10 @@ def bench_augmented(llm, policies: list[str], rates: list[float], num_requests: 
     results: dict[str, dict[str, list]] = {str(r): {p: [] for p in policies} for r in rates}
     if steps_path:
         open(steps_path, "w").close()               # each run appends its line below
-    for rep in range(repeats):
+    traces = {rate: make_trace(num_requests, rate, seed, token_scale, time_scale) for rate in rates}
+    for rep in range(repeats):                      # the same trace each time: spread is the engine's
         for rate in rates:
-            trace = make_trace(num_requests, rate, seed + rep, token_scale, time_scale)
+            trace = traces[rate]
             for p in policies:
                 steps: list | None = [] if steps_path else None
                 res = run_policy(llm, p, trace, slo, seed, predictor or None, steps, stall)
