@@ -16,7 +16,7 @@ from tandem.sched.ordering import AugServeOrdering
 from tandem.sched.policies import make_policy
 from tandem.sched.predictor import OutputLengthPredictor, ToolStats
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.tool_policy import MinWaste, PauseContext
+from tandem.sched.pause_kv import MinWaste, PauseContext
 from tandem.types import KVAction, Request, StepResult
 
 
@@ -74,7 +74,7 @@ def test_the_dynamic_budget_bounds_admissions_not_the_running_requests_prefill()
     held its memory longer, which kept the budget down (the loop that tipped runs into a slow
     state). New arrivals are admitted only within the small budget, and within what the running
     requests leave of the full one."""
-    from tandem.sched.tool_policy import FixedAction
+    from tandem.sched.pause_kv import FixedAction
 
     c = cost()
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=320),

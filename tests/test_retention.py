@@ -10,7 +10,7 @@ from tandem.config import ConfigError, RetentionConfig, SchedulerConfig
 from tandem.kv import KVCacheManager
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.tool_policy import FixedAction
+from tandem.sched.pause_kv import FixedAction
 from tandem.types import FinishReason, KVAction, Request, RequestStatus, SessionInfo, StepResult
 
 BS = 4

@@ -29,7 +29,7 @@ from tandem.kv import KVCacheManager
 from tandem.sampling_params import SamplingParams
 from tandem.sched.policies import POLICY_NAMES
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.tool_policy import FixedAction
+from tandem.sched.pause_kv import FixedAction
 from tandem.types import FinishReason, KVAction, Request, RequestStatus, StepResult
 
 BS = 4

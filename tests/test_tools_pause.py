@@ -7,7 +7,7 @@ import pytest
 
 from tandem import LLM, SamplingParams
 from tandem.engine.tool_runtime import ToolOptions
-from tandem.sched.tool_policy import FixedAction, fit_tool_result
+from tandem.sched.pause_kv import FixedAction, fit_tool_result
 from tandem.types import KVAction
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]

@@ -28,7 +28,7 @@ from tandem.runner.device import (available_memory_bytes, resolve_block_size, re
 from tandem.model_runner import ModelRunner
 from tandem.sampling_params import SamplingParams
 from tandem.sched.build import build_scheduler
-from tandem.sched.speculation import make_speculation
+from tandem.sched.drafts import make_speculation
 from tandem.sched.cost_model import StepCostModel
 from tandem.engine.tool_runtime import ToolOptions, ToolRuntime
 from tandem.tools.registry import ToolRegistry

@@ -25,7 +25,7 @@ from tandem.errors import InvalidRequestError
 from tandem.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.tool_policy import fit_tool_result
+from tandem.sched.pause_kv import fit_tool_result
 from tandem.types import FinishReason, Request, SeqUpdate, SessionInfo, TokenLogprob
 
 

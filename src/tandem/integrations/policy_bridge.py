@@ -37,7 +37,7 @@ from tandem.sched.cost_model import StepCostModel
 from tandem.sched.policies import make_policy
 from tandem.sched.retention import pop_due, remember
 from tandem.sched.spec_length import DraftLengthPolicy, make_length_policy
-from tandem.sched.tool_policy import MinWaste, PauseContext
+from tandem.sched.pause_kv import MinWaste, PauseContext
 from tandem.types import KVAction, Request
 
 T = TypeVar("T")

@@ -3,7 +3,7 @@
 The engine (`tandem.llm.build_engine`), the simulator (`tandem.sim.build`) and the benchmarks all
 build their scheduler here, so the three run the same wiring. Everything goes in through
 constructors; a benchmark that switches draft-length policy on a loaded engine builds a new
-`Speculation` (tandem.sched.speculation) and hands it to `Scheduler.reconfigure_speculation` (through
+`Speculation` (tandem.sched.drafts) and hands it to `Scheduler.reconfigure_speculation` (through
 `tandem.llm.reconfigure_speculation`, which also swaps the runner's side). Torch-free and clock-free.
 """
 
@@ -14,7 +14,7 @@ from tandem.kv import KVCacheManager
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.policies import make_policy
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.speculation import make_speculation
+from tandem.sched.drafts import make_speculation
 
 
 def build_scheduler(config: SchedulerConfig, kv: KVCacheManager, cost: StepCostModel,

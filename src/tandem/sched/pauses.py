@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from tandem.kv import KVCacheManager
 from tandem.sched.ordering import tool_key
 from tandem.sched.predictor import ToolStats
-from tandem.sched.tool_policy import KVPausePolicy, PauseContext
+from tandem.sched.pause_kv import KVPausePolicy, PauseContext
 from tandem.types import KVAction, PauseState, Request, RequestStatus
 
 

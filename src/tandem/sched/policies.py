@@ -21,7 +21,7 @@ from tandem.sched.continuum import ContinuumTTL, ProgramFCFS
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.ordering import FCFS, AugServeOrdering, Ordering
 from tandem.sched.predictor import OutputLengthPredictor, ToolStats
-from tandem.sched.tool_policy import FixedAction, KVPausePolicy, MinWaste
+from tandem.sched.pause_kv import FixedAction, KVPausePolicy, MinWaste
 from tandem.types import KVAction
 
 

@@ -36,7 +36,7 @@ from tandem.sched.policies import SchedulingPolicy, make_policy
 from tandem.sched.preemption import choose_victim
 from tandem.sched.retention import SessionBook
 from tandem.sched.spec_length import DraftLengthPolicy
-from tandem.sched.speculation import DraftBook, Speculation
+from tandem.sched.drafts import DraftBook, Speculation
 from tandem.sched.trace import snapshot, trace_row
 from tandem.types import (FinishReason, KVAction, Request, RequestStatus, ScheduledSeq, SchedulerStats, SeqUpdate,
                           SpecStats, StepPlan, StepResult)
@@ -46,7 +46,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
                  speculation: Speculation | None = None, cost: StepCostModel | None = None,
                  swap_s_per_token: float = 5e-6) -> None:
-        """`speculation`: the draft-length side (tandem.sched.speculation); None: none. Built from
+        """`speculation`: the draft-length side (tandem.sched.drafts); None: none. Built from
         configs by tandem.sched.build."""
         if config.max_model_len > kv.num_blocks * kv.block_size:
             raise ConfigError(f"max_model_len {config.max_model_len} exceeds the KV cache "

@@ -19,7 +19,7 @@ from typing import Callable
 
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
-from tandem.sched.tool_policy import fit_tool_result
+from tandem.sched.pause_kv import fit_tool_result
 from tandem.sim.build import SimConfig
 from tandem.sim.events import (ORDER_ABORT, ORDER_ARRIVAL, ORDER_STEP_DONE, ORDER_STEP_START,
                                ORDER_TOOL_RETURN, Event, EventLoop, event)
