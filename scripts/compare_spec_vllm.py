@@ -33,7 +33,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compare_vllm import ROOT, Server, log, peer_dir, tandem_serve_cmd, vllm_env, vllm_serve_cmd, warm_up
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))                    # this checkout's Tandem
+
+from tandem.bench.peers.vllm import Server, log, peer_dir, tandem_serve_cmd, vllm_env, vllm_serve_cmd, warm_up  # noqa: E402
 
 METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms", "completed",
            "total_output_tokens")
@@ -206,5 +209,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "src"))
     main()

@@ -12,7 +12,7 @@ vLLM with its own, on this machine, one server after the other, judged by the sa
   docs/benchmarks.md's agents table; --repeats runs per system, alternating. Reports LLM time per
   session (mean, p50, p99), TTFT and sessions/h within the SLO.
 - sharegpt: `vllm bench serve` (ShareGPT, chat endpoint, streaming, temperature 1) at each rate and
-  seed, goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms (scripts/compare_vllm.serve_rounds).
+  seed, goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms (tandem.bench.peers.vllm.serve_rounds).
 Both servers get the same flags; the plugin's server adds --scheduler-cls and
 --additional-config '{"tandem": TANDEM_OPTIONS}'. Nothing else may run on the machine meanwhile.
 Writes OUT/plugin.json, OUT/plugin.md and the raw runs under OUT/raw/.
@@ -28,7 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from compare_vllm import ROOT, Server, log, peer_dir, serve_rounds, vllm_env, vllm_serve_cmd, warm_up
+from tandem.bench.peers.vllm import Server, log, peer_dir, serve_rounds, vllm_env, vllm_serve_cmd, warm_up
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PLUGIN = "tandem.integrations.vllm.TandemScheduler"
 # docs/benchmarks.md's agents setting: 2,304 tokens of KV, contexts compacted to 1,800. In float32:

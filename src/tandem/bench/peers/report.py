@@ -1,5 +1,6 @@
-"""The report half of scripts/compare_vllm.py: the figures of the raw runs present (from_raw) and
-the markdown table of medians and Tandem / vLLM ratios (markdown)."""
+"""The report half of `tandem bench compare --peer vllm` (peers/vllm.py): the figures of the raw runs
+present (from_raw) and the markdown table of medians and Tandem / vLLM ratios (markdown); serve_row,
+one served row, for llama.cpp's table too."""
 
 from __future__ import annotations
 
