@@ -7,7 +7,7 @@ per request, a mixed batch, and single prompts of 16-408 tokens again at the end
 step is one sample: its shape (from the plan and the drafts actually verified) and its wall
 seconds around `LLMEngine.step()` (schedule + execute + update: what the simulator's virtual step
 stands for). The fit and the profile format live in tandem.sim.cost.calibrated. About a minute
-on two cores (`quick`: about 20 s on a 2-core AVX-512 VM).
+on two cores (`quick`: a third of that).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The engine (and the torch work under it) runs on its own thread so the event loop stays free for
 HTTP. Give the constructor a *builder* (a callable returning the engine) rather than an engine, and
 the engine is built on that thread too: on CPU, oneDNN-prepacked weights made on one thread and
-used from another run their matmuls ~1.5-2x slower (measured: one decode step 42 ms instead of
-30 ms on this project's machine), so everything torch touches should be made where it is used.
+used from another run their matmuls markedly slower, so everything torch touches should be made
+where it is used.
 Requests and aborts are handed over through a command queue and applied between steps; outputs
 are delivered to per-request asyncio queues with `call_soon_threadsafe`. A failing step fails the
 requests it was running, never the thread: others keep being served.

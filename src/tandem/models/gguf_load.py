@@ -5,8 +5,8 @@ for some, the float32 values of every tensor, which this path does not read); th
 the blocks. Each linear layer gets its blocks
 straight from the file (`quant.attach_blocks`); the first layer of each weight shape also loads its
 float weights and times the kernels on this CPU (`quant.choose_rows`), and that decides the whole
-shape: where the 8-bit kernel serves every step size (on a 2-core AVX2 EPYC: every shape, prefill
-included) no layer of the shape ever holds float weights again; elsewhere each layer reads its
+shape: where the 8-bit kernel serves every step size (prefill included) no layer of the shape ever
+holds float weights again; elsewhere each layer reads its
 float weights too, as the dense path needs them for large steps. The token embedding is looked up
 from the file's rows (`quant.RowTable`), never expanded to a float table. So the load holds at
 most one float32 tensor (and its packed copy, while it is timed) beyond what the model keeps: a 7B

@@ -29,9 +29,8 @@ class Linear(nn.Module):
     kernels where they run: float32 weights into the 16-column panels of `packed_linear`
     (csrc/packed_linear.cpp), bfloat16 weights on CPUs with AVX512-BF16 into the 32-column pair panels
     of `packed_linear_bf16` (csrc/linear_bf16.cpp); anything else (or without the compiled
-    kernels) for oneDNN. Measured against oneDNN over the default model's layer shapes: float32 on
-    a 2-core AVX2 EPYC 1.2-1.9x at 1-48 rows (decode), equal at 256 (prefill); bfloat16 on a 2-core
-    AVX-512 BF16 EPYC 1.3-1.5x at 1-16 rows, 1.15-1.3x at 32-64, equal at 128 and more."""
+    kernels) for oneDNN. The packed kernels are faster than oneDNN at decode's few rows and equal at
+    prefill's many (docs/history.md has the measurements)."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()

@@ -20,8 +20,8 @@ a float32 or bfloat16 model (the default model's LM head is its Q8_0 embedding t
 as llama.cpp and vLLM's GGUF kernels do, and runs an integer dot product (VPMADDUBSW) that does
 four times the multiply-adds of a float32 FMA per instruction. That is not the float32 function
 any more (relative error ~0.5% per layer, from the rounding of x), so it is a mode of its own;
-`choose_rows` measures up to which row count it wins (`i8_max_rows`), which on a 2-core AVX2 EPYC
-is every step size, prefill included: such a layer holds no float weights (`release_layer`). In a
+`choose_rows` measures up to which row count it wins (`i8_max_rows`); where that is every step size,
+prefill included, the layer holds no float weights (`release_layer`). In a
 bfloat16 model on AVX512-BF16 it wins up to a few rows (VDPBF16PS on bf16 weights takes over
 above), and the weight-only blocks it covers are freed (`release_shadowed_blocks`).
 `RowTable` reads a GGUF matrix's rows from the file for the embedding lookup and the LM head's rows.

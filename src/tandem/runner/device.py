@@ -91,8 +91,8 @@ GPU_BLOCK_SIZE = 16
 def resolve_block_size(block_size: int | None, device: torch.device) -> int:
     """Tokens per KV block. None (auto): 128 on CPU, 16 elsewhere. A block holds one KV head's keys
     (and values) contiguously, and CPU decode attention streams them from memory once a batch's
-    cache outgrows the last-level cache: longer runs per block read faster (2-core Zen 5, bfloat16,
-    64 sequences at 1,000 tokens: 16.6 GB/s at 16 tokens, 21.5 at 64, 24.0 at 128). The price is a
+    cache outgrows the last-level cache: longer runs per block read faster (docs/engine.md, "Why the
+    defaults are what they are"). The price is a
     coarser prefix cache (hits count whole blocks) and up to a block of unused slots per sequence.
     vLLM's CPU backend defaults to 128 as well; its GPU kernels and Tandem's CUDA path use 16."""
     if block_size is not None:
@@ -106,7 +106,7 @@ def cpu_has_f16c() -> bool:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: bf16 on CUDA and on CPUs with native bf16, float32 on other CPUs (where bf16 runs
-    ~7-50x slower than float32 because every product is converted in software)."""
+    far slower than float32 because every product is converted in software; docs/benchmarks.md)."""
     if name != "auto":
         if name not in _DTYPES:
             raise ConfigError(f"unknown dtype {name!r}; use auto, {', '.join(_DTYPES)}")

@@ -23,14 +23,13 @@ drafts at 4 streams where no draft pays). No clock here: durations come in from 
 
 A verified draft is priced apart (`draft_times`): it is one more token *and* one more sampled
 row (the LM head over the vocabulary, the sampler), so on a CPU it costs about twice a prefill
-token (2-core AVX-512 VM: 1.45 ms against 0.69 ms). A line over tokens alone learns its slope
-near 64 decodes mostly from steps whose extra tokens are a prefill chunk, and priced a verified
-row 40% under its cost there. So what drafts add is measured where they run: each step that
+token. A line over tokens alone learns its slope near 64 decodes mostly from steps whose extra
+tokens are a prefill chunk, and prices a verified row under its cost there. So what drafts add is measured where they run: each step that
 verified drafts gives one sample, (its duration - the mean of the plain steps of the same size)
 / its drafts, keyed by its decode rows, and `draft_times` prices a draft at the weighted median
 of the samples near a step's rows, never under the token line's own increment. (The token
 line's time for the plain step would not do as the reference: the verification steps around it
-pull it up, and drafts looked 45% cheaper than they were.) A second line over steps of sampled
+pull it up, and drafts look cheaper than they are.) A second line over steps of sampled
 rows only was tried and measured worse: at saturation every plain step has the same rows, so it
 has no slope to learn, and anchored on plain decode steps it prices a draft as a new sequence
 with its own KV reads, three times dearer on a GPU than it is.

@@ -13,10 +13,8 @@ that need much new KV are deferred), and optionally time waited (`aging`, off by
 request that has waited `max_wait_s` jumps ahead of everything (anti-starvation), but requests
 admitted that way hold at most `starving_share` of the running batch.
 
-`aging` 0 and `starving_share` 0.25 were chosen on a held-out trace (simulator, seed 2, Llama 2
-13B on the A100 and H100 presets at 1.5x, 2x and 3x capacity) before the scenario's own trace
-(seed 0) was run: against aging 0.5 and no share, they gave 1.03-2.5x the effective throughput
-(docs/simulator.md, AugServe at paper scale).
+`aging` 0 and `starving_share` 0.25 were chosen on a held-out trace before the scenario's own
+trace was run (docs/simulator.md, AugServe at paper scale).
 """
 
 from __future__ import annotations
@@ -79,10 +77,9 @@ class AugServeOrdering:
     while a request waits on a tool it holds no compute, and neither the SLO (normalized latency
     excludes tool time, TTFT ends before the first call) nor goodput's duration depends on it, so
     ranking a chat request with a 37 s human turn behind every short one only made it miss its
-    TTFT. Chosen on held-out traces (docs/benchmarks.md, docs/simulator.md): weight 0 against 1
-    raised augserve from 0.54 to 0.73 req/s on the engine (Zen 4, trace seed 13) and from 1.20 to
-    1.95 req/s at 3x capacity on the H100 in the simulator (seed 2). The predicted duration still
-    decides what a pause does with its KV (`MinWaste`)."""
+    TTFT. Chosen on held-out traces, on the engine and in the simulator (docs/history.md, "AugServe
+    before the stability cure"; docs/simulator.md). The predicted duration still decides what a
+    pause does with its KV (`MinWaste`)."""
 
     def __init__(self, lengths: OutputLengthPredictor, tools: ToolStats, stage2: bool = True,
                  max_wait_s: float = 30.0, aging: float = 0.0, decode_token_s: float = 0.03,

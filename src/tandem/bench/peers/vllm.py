@@ -64,8 +64,8 @@ def vllm_env(a, peer: Path) -> dict[str, str]:
     """The environment vLLM's CPU docs recommend for speed: tcmalloc and Intel OpenMP preloaded
     (each where present: `apt install libtcmalloc-minimal4`; libiomp5 ships in the peer's venv),
     and VLLM_CPU_NUM_OF_RESERVED_CPU=--vllm-reserved-cpus: the cores kept out of its model worker's
-    OpenMP pool. vLLM's default on x86 keeps 1 of this machine's 2; 0 gives vLLM 1.5x the offline
-    throughput here (16 ShareGPT requests: 34.3 -> 52.1 tok/s), so 0 is this script's default."""
+    OpenMP pool. vLLM's default on x86 keeps 1 of a 2-core machine's cores out of it; 0 gives vLLM
+    both, its best offline throughput there, so 0 is this command's default."""
     env = dict(os.environ)
     if a.vllm_preload:
         libs = [Path("/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), peer / "lib" / "libiomp5.so"]
@@ -215,8 +215,8 @@ def bench_serve(a, peer: Path, model_dir: Path, dataset: Path, port: int, rate: 
 def sample_seed(seed: int, rate_index: int) -> int:
     """The dataset seed of one run: each rate of a seed round draws its own prompts. With one seed
     for every rate, a server's second rate re-sent the prompts of its first, both engines served
-    them from their prefix caches, and TTFT fell from seconds to 0.2 s (2026-11-30, 2026-12-01):
-    what looked like a start-up cost was a cache hit. Both engines get the same prompts per run."""
+    them from their prefix caches, and what looked like a start-up cost (a fast second rate) was
+    a cache hit. Both engines get the same prompts per run."""
     return seed * 1000 + rate_index
 
 

@@ -29,7 +29,7 @@ FEATURES: dict[str, Callable[[StepShape], float]] = {
     "tokens": lambda s: float(s.num_tokens),
     "tokens_over_64": lambda s: float(max(0, s.num_tokens - 64)),
     # Steps of up to ~32 rows pay more per row (8-bit kernels at 1-16 rows, partly filled panels):
-    # without this term, prefills under 200 tokens ran 11-30% over the fit on a 2-core AVX-512 VM.
+    # without this term the fit underestimates short prefills.
     "tokens_upto_32": lambda s: float(min(s.num_tokens, 32)),
     "seqs": lambda s: float(s.num_seqs),
     "logit_rows": lambda s: float(s.num_logit_rows),
