@@ -1,4 +1,5 @@
-"""The torch executor: one forward pass per `StepPlan`, then sampling (or draft verification).
+"""The torch executor: one forward pass per `StepPlan`, then sampling; a step with drafts is a
+verification round instead (tandem.speculative.verify_round: one pass, or several in frontiers).
 
 Implements the engine's `Executor` protocol. It owns the model, the paged KV tensors, the
 per-request sampling state and, with speculation, the proposer; it makes no scheduling decision.
@@ -15,9 +16,8 @@ from tandem.runner.attention import AttentionBackend, PagedKVCache
 from tandem.runner.kernels import make_ops
 from tandem.runner.passes import ForwardPass
 from tandem.runner.sampler import SampleRow, Sampler
-from tandem.speculative.decoder import num_accepted
-from tandem.speculative.pipeline import execute_with_pruning
-from tandem.types import StepPlan, StepResult
+from tandem.speculative.verify_round import VerifyRound
+from tandem.types import ScheduledSeq, StepPlan, StepResult
 
 
 class ModelRunner:
@@ -60,36 +60,22 @@ class ModelRunner:
         if not plan.seqs:
             return result
         drafts = self.spec.draft(plan) if self.spec is not None else {}
-        if drafts and self.spec.prunes:          # several passes: frontiers and/or the early-exit check
-            result = execute_with_pruning(self.passes, self.sample_rows, self.spec, plan, drafts)
+        if drafts:                              # one pass, or frontiers and/or the early-exit check
+            result = VerifyRound(self.passes, self.sample_rows, self.spec, plan, drafts).run()
             self.spec.report(plan, result)
             return result
-        run = self.spec.extend(plan, drafts) if drafts else plan     # one pass
-        inputs = self.passes.inputs(run.seqs)
+        inputs = self.passes.inputs(plan.seqs)  # the plain step: one pass, a token for each sampled seq
         hidden = self.passes.run(inputs)
-        # Logit rows: a drafting request's last committed token and its drafts; others their last token.
-        spans, off = [], 0                       # (seq, offset into logits, number of rows)
-        row_ids: list[int] = []
-        for s, r in zip(inputs.seqs, inputs.row_starts):
-            n_draft = len(drafts[s.request_id].tokens) if s.request_id in drafts else 0
-            if s.sample or n_draft:
-                first = r + s.num_tokens - 1 - n_draft
-                row_ids.extend(range(first, first + n_draft + 1))
-                spans.append((s, off, n_draft + 1))
-                off += n_draft + 1
-        if not spans:
+        chosen = [(s, r + s.num_tokens - 1) for s, r in zip(inputs.seqs, inputs.row_starts) if s.sample]
+        if not chosen:
             return result
-        logits = self.passes.logits(hidden, row_ids)                            # [M, V] float32
-        self.sample_rows(result, [(s, o) for s, o, n in spans if n == 1], logits)
-        originals = {s.request_id: s for s in plan.seqs}
-        for s, o, n in spans:
-            if n > 1:
-                self._verify(result, originals[s.request_id], drafts[s.request_id], logits[o:o + n])
+        logits = self.passes.logits(hidden, [r for _, r in chosen])            # [M, V] float32
+        self.sample_rows(result, [(s, i) for i, (s, _) in enumerate(chosen)], logits)
         if self.spec is not None:
             self.spec.report(plan, result)
         return result
 
-    def sample_rows(self, result: StepResult, chosen: list, logits: torch.Tensor) -> None:
+    def sample_rows(self, result: StepResult, chosen: list[tuple[ScheduledSeq, int]], logits: torch.Tensor) -> None:
         """Sample one token for each (seq, row of `logits`) in `chosen` into `result`."""
         if not chosen:
             return
@@ -105,16 +91,6 @@ class ModelRunner:
             result.sampled_token_ids[s.request_id] = [tok]
             if lp is not None:
                 result.logprobs[s.request_id] = [lp]
-
-    def _verify(self, result: StepResult, seq, draft, logits: torch.Tensor) -> None:
-        rid = seq.request_id
-        out, lps = self.spec.verify(seq, draft, logits)
-        result.sampled_token_ids[rid] = out
-        result.num_draft_tokens[rid] = len(draft.tokens)
-        result.num_accepted_tokens[rid] = num_accepted(out, draft.tokens)
-        if lps is not None:
-            result.logprobs[rid] = lps
-        self.spec.settle(seq, len(out))
 
     def _copy_blocks(self, pairs: list[tuple[int, int]], src: PagedKVCache, dst: PagedKVCache) -> None:
         """Copy whole blocks (src block -> dst block) of every layer's K and V."""

@@ -221,6 +221,7 @@ class LlamaModel(nn.Module):
         called with the residual stream after `exit_layer` layers; it may return (rows to keep,
         their positions, their attention metadata), and the deeper layers then compute only those
         rows (early pruning of predicted-rejected drafts); the result has the kept rows only.
+        Its one caller is ForwardPass.run_with_exit, which builds the hook and returns the kept inputs.
         `stack`: this model's `decoder_stack(attn)`, for a decode-only step it applies to (the
         caller checks: `DecoderStack.applies`); the same result from one C++ call."""
         ops, eps = self.ops, self.cfg.rms_norm_eps

@@ -1,15 +1,15 @@
-"""Speculative decoding inside one executor step: draft, extend the plan, verify, report.
+"""Speculative decoding inside one executor step: draft, verify, report.
 
 `SpecDecoder.draft` asks the proposer for each scheduled request's drafts (up to the length the
-scheduler chose), `extend` appends them to the step's inputs, and `verify` turns the target's
-logits at a request's k+1 verification rows into emitted tokens (accepted drafts + one). After the
-step, `report` tells the scheduler how many drafts each request's proposer could offer next and
-how long drafting took (the step-cost model separates drafting from verifying with it).
+scheduler chose); the verification round (verify_round.py) computes them after the request's last
+committed token, and `verify` turns the target's logits at a request's k+1 verification rows into
+emitted tokens (accepted drafts + one). After the step, `report` tells the scheduler how many
+drafts each request's proposer could offer next and how long drafting took (the step-cost model
+separates drafting from verifying with it).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
@@ -76,15 +76,6 @@ class SpecDecoder:
             draft.tokens = draft.tokens[:keep]
             if draft.probs is not None:
                 draft.probs = draft.probs[:keep]
-
-    @staticmethod
-    def extend(plan: StepPlan, drafts: dict[str, Draft]) -> StepPlan:
-        """The plan the target computes: each drafting request's chunk followed by its drafts."""
-        if not drafts:
-            return plan
-        seqs = [dataclasses.replace(s, token_ids=s.token_ids + drafts[s.request_id].tokens, num_draft_tokens=0)
-                if s.request_id in drafts else s for s in plan.seqs]
-        return StepPlan(seqs, plan.preempted_ids)
 
     def verify(self, seq: ScheduledSeq, draft: Draft, logits: torch.Tensor, first: int = 0
                ) -> tuple[list[int], list[TokenLogprob] | None]:

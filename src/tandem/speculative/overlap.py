@@ -3,9 +3,9 @@
 With `SpecConfig(overlap=True, frontier_size=F)` a model drafter first drafts only a request's first
 frontier (F tokens). While the target verifies frontier f, a `DraftWorker` drafts frontier f+1 on
 separate compute; a rejection in frontier f cancels the drafting in flight (the worker drops the
-request from its remaining draft passes) and the frontiers after it are never drafted. The pipeline
-that drives it is tandem.speculative.pipeline; output stays exactly the target's, since only drafts are
-computed concurrently and every emitted token comes from verification.
+request from its remaining draft passes) and the frontiers after it are never drafted. The loop
+that drives it is tandem.speculative.verify_round; output stays exactly the target's, since only drafts
+are computed concurrently and every emitted token comes from verification.
 
 Separate compute:
 - CPU: the worker is one thread with `draft_threads` intra-op threads; while it runs, the verifying

@@ -11,16 +11,18 @@ and draft j+1 is predicted rejected if `topk` or more shortlist tokens outscore 
 a predicted rejection are dropped from the deeper layers; row j itself stays, so draft j+1 is still
 verified exactly. A wrong prediction only loses the dropped drafts' chance (the emitted tokens
 then end with an accepted draft and no bonus token); output stays exactly the target's.
+
+Both are options of the verification round (tandem.speculative.verify_round); the check runs inside
+a pass through `ForwardPass.run_with_exit`, with `EarlyExit.rows_kept` as its answer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Container
 
 import torch
 
 from tandem.runner.inputs import StepInputs
-from tandem.types import ScheduledSeq
 
 
 class EarlyExit:
@@ -56,56 +58,23 @@ class EarlyExit:
         self.num_predicted_rejections += sum(out)
         return out
 
-
-@dataclass
-class _Rows:
-    seq: ScheduledSeq            # the drafting request's scheduled seq (token_ids = [x0])
-    tokens: list[int]            # x0 then the drafts (so far: with overlap they arrive frontier by frontier)
-    total: int = 0               # rows once every draft is in (0: len(tokens))
-    done: bool = False
-    emitted: list[int] = field(default_factory=list)
-    pruned: int = 0
-
-    def __post_init__(self) -> None:
-        self.total = self.total or len(self.tokens)
-
-
-def pass_seq(r: _Rows, a: int, b: int) -> ScheduledSeq:
-    return ScheduledSeq(r.seq.request_id, r.tokens[a:b], r.seq.start + a, r.seq.block_ids, True,
-                        r.seq.sampling_params, r.seq.num_output_tokens + a, r.seq.stop_token_ids)
-
-
-def exit_hook(ee: EarlyExit, inputs: StepInputs, rows: dict[str, _Rows], firsts: dict[str, int],
-              build, state: dict):
-    """The model's exit hook for one pass: drop rows after a predicted rejection. `build(seqs)`
-    makes the inputs of the rows kept (ForwardPass.inputs); they are left in state["inputs"]."""
-    def hook(x: torch.Tensor):
+    def rows_kept(self, x: torch.Tensor, inputs: StepInputs, verifying: Container[str]) -> dict[str, int]:
+        """After `layer` layers of a pass over `inputs` (x: the residual stream, a row per input):
+        {request id: rows to keep} for each chunk in `verifying` with a draft predicted rejected,
+        keeping rows up to the one that judges it; empty where none is (`ForwardPass.run_with_exit`)."""
         checks, where = [], []
         for s, r0 in zip(inputs.seqs, inputs.row_starts):
-            if s.request_id not in rows:
+            if s.request_id not in verifying:
                 continue
             for j in range(s.num_tokens - 1):        # row j judges the token that is row j+1's input
                 checks.append(r0 + j)
                 where.append((s.request_id, j))
         if not checks:
-            return None
+            return {}
         idx = torch.tensor(checks, dtype=torch.long, device=x.device)
-        reject = ee.predicted_rejections(x.index_select(0, idx), [inputs.input_ids[i + 1].item() for i in checks], [])
-        cut: dict[str, int] = {}
+        reject = self.predicted_rejections(x.index_select(0, idx), [inputs.input_ids[i + 1].item() for i in checks], [])
+        kept: dict[str, int] = {}
         for (rid, j), rej in zip(where, reject):
-            if rej and rid not in cut:
-                cut[rid] = j + 1                      # keep rows 0..j of this pass
-        if not cut:
-            return None
-        seqs = [ScheduledSeq(s.request_id, s.token_ids[:cut[s.request_id]], s.start, s.block_ids, s.sample,
-                             s.sampling_params, s.num_output_tokens, s.stop_token_ids)
-                if s.request_id in cut else s for s in inputs.seqs]
-        new = build(seqs)
-        old_start = {s.request_id: r for s, r in zip(inputs.seqs, inputs.row_starts)}
-        keep = torch.cat([torch.arange(old_start[s.request_id], old_start[s.request_id] + s.num_tokens)
-                          for s in new.seqs]).to(x.device)
-        for rid, n in cut.items():
-            rows[rid].pruned += next(s.num_tokens for s in inputs.seqs if s.request_id == rid) - n
-        state["inputs"] = new
-        return keep, new.positions, new.meta
-    return hook
+            if rej and rid not in kept:
+                kept[rid] = j + 1                     # keep rows 0..j of this pass
+        return kept
