@@ -29,8 +29,8 @@ class Linear(nn.Module):
     kernels where they run: float32 weights into the 16-column panels of `packed_linear`
     (csrc/packed_linear.cpp), bfloat16 weights on CPUs with AVX512-BF16 into the 32-column pair panels
     of `packed_linear_bf16` (csrc/linear_bf16.cpp); anything else (or without the compiled
-    kernels) for oneDNN. The packed kernels are faster than oneDNN at decode's few rows and equal at
-    prefill's many (docs/history.md has the measurements)."""
+    kernels) for oneDNN. The packed kernels are chosen where they beat oneDNN: at decode's few rows
+    (at prefill's many the two are level)."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()

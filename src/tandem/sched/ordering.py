@@ -77,9 +77,8 @@ class AugServeOrdering:
     while a request waits on a tool it holds no compute, and neither the SLO (normalized latency
     excludes tool time, TTFT ends before the first call) nor goodput's duration depends on it, so
     ranking a chat request with a 37 s human turn behind every short one only made it miss its
-    TTFT. Chosen on held-out traces, on the engine and in the simulator (docs/history.md, "AugServe
-    before the stability cure"; docs/simulator.md). The predicted duration still decides what a
-    pause does with its KV (`MinWaste`)."""
+    TTFT. Chosen on held-out traces, on the engine and in the simulator (docs/simulator.md). The
+    predicted duration still decides what a pause does with its KV (`MinWaste`)."""
 
     def __init__(self, lengths: OutputLengthPredictor, tools: ToolStats, stage2: bool = True,
                  max_wait_s: float = 30.0, aging: float = 0.0, decode_token_s: float = 0.03,
