@@ -59,7 +59,7 @@ def test_llamacpp_peer_gets_the_old_scripts_defaults():
 def test_default_out_is_the_checkouts_results_folder(peer, extra):
     a = parse("--peer", peer, *extra)
     compare_options(a)
-    assert Path(a.out) == peers.ROOT / "docs" / "results" / f"compare_{peer}"
+    assert Path(a.out) == peers.ROOT / "docs" / "results" / f"compare_{peer}" / "latest"
 
 
 def test_outside_a_checkout_out_is_required(monkeypatch):

