@@ -189,3 +189,61 @@ def test_stage1_ranks_by_engine_service_time_not_tool_wall_time():
     assert abs(k["chat"] - k["plain"] - 20 * 0.003) < 1e-9  # the 40 s of waiting adds nothing
     assert wall.service_time(chat, 10) > wall.service_time(retrieval, 10)   # wall time: chat last
     assert sorted([chat, retrieval], key=lambda r: engine.key(r, 0.0))[0] is chat
+
+
+def paused_after_first_token(policy: str, max_num_seqs: int = 8) -> Scheduler:
+    """A scheduler under `policy` whose request "tool" has shown its first token and is paused for
+    a tool call, its KV preserved."""
+    from tandem.sched.pause_kv import FixedAction
+
+    c = cost()
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=max_num_seqs, max_model_len=512),
+                      KVCacheManager(64, 16, enable_prefix_caching=False), make_policy(policy, 64, c), cost=c)
+    sched.pauses.policy = FixedAction(KVAction.PRESERVE)
+    sched.add_request(Request("tool", [7] * 8, SamplingParams(max_tokens=20, ignore_eos=True)))
+    plan = sched.schedule(0.0)
+    sched.update(plan, Echo()(plan), 0.1)
+    sched.pause_request("tool", 0.1, expected_s=0.5)
+    return sched
+
+
+def step(sched: Scheduler, now: float) -> list[tuple[str, int]]:
+    plan = sched.schedule(now)
+    sched.update(plan, Echo()(plan), now + 0.05)
+    return sorted((s.request_id, s.num_tokens) for s in plan.seqs)
+
+
+def test_a_step_that_serves_a_first_token_leaves_a_tool_result_for_the_next_one():
+    """AugServe: a prompt's first token does not wait for another request's tool result in the same
+    step; the tool result runs in the next step even if another prompt arrives (one step per resume).
+    InferCept puts both in one step."""
+    for policy, first, second in (
+            ("augserve", [("new", 10)], [("new", 1), ("new2", 8), ("tool", 31)]),
+            ("infercept", [("new", 10), ("tool", 31)], [("new", 1), ("new2", 8), ("tool", 1)])):
+        sched = paused_after_first_token(policy)
+        sched.resume_request("tool", [5] * 30, 0.2)
+        sched.add_request(Request("new", [3] * 10, SamplingParams(max_tokens=20, ignore_eos=True), arrival_time=0.2))
+        assert step(sched, 0.2) == first, policy
+        sched.add_request(Request("new2", [4] * 8, SamplingParams(max_tokens=20, ignore_eos=True), arrival_time=0.3))
+        assert step(sched, 0.3) == second, policy
+    assert sched.composition.num_deferred == 0
+    sched = paused_after_first_token("augserve")
+    sched.resume_request("tool", [5] * 100, 0.2)     # with its last sampled token, 101 to compute: chunked
+    assert step(sched, 0.2) == [("tool", 64)]
+    sched.add_request(Request("new", [3] * 10, SamplingParams(max_tokens=20, ignore_eos=True), arrival_time=0.3))
+    assert step(sched, 0.3) == [("new", 10)]                # the running chunk yields once
+    assert step(sched, 0.4) == [("new", 1), ("tool", 37)]
+    assert sched.composition.num_deferred == 1
+
+
+def test_a_tool_result_yields_only_to_a_first_token_that_the_step_serves():
+    """The batch is full (max_num_seqs 2): the new prompt cannot be admitted, so the running tool
+    result's chunk runs in this step rather than waiting for nothing."""
+    sched = paused_after_first_token("augserve", max_num_seqs=2)
+    sched.add_request(Request("other", [9] * 8, SamplingParams(max_tokens=20, ignore_eos=True), arrival_time=0.1))
+    assert step(sched, 0.1) == [("other", 8)]
+    sched.resume_request("tool", [5] * 100, 0.2)
+    assert step(sched, 0.2) == [("other", 1), ("tool", 63)]
+    sched.add_request(Request("new", [3] * 10, SamplingParams(max_tokens=20, ignore_eos=True), arrival_time=0.3))
+    assert step(sched, 0.3) == [("other", 1), ("tool", 38)]
+    assert sched.composition.num_deferred == 0 and [r.request_id for r in sched.waiting] == ["new"]

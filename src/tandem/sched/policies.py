@@ -6,7 +6,8 @@
                           swap / discard)
     augserve-stage1       Stage I ordering (predicted service time, fixed at arrival) + min-waste
     augserve-stage2       + Stage II live re-ordering with anti-starvation
-    augserve              + the dynamic token budget (the full system)
+    augserve              + the dynamic token budget and first tokens before tool results in a step
+                          (the full system)
     continuum             program-level FCFS (a session's calls rank by its first arrival); a finished
                           call's KV pinned on the device for a time-to-live (sched/continuum.py)
 """
@@ -44,6 +45,9 @@ class SchedulingPolicy:
     # How long a session's context is held on the device (Continuum's TTL rule); None: the pause
     # rule decides, as for a tool call.
     hold_ttl: ContinuumTTL | None = None
+    # A step that serves a prompt's first token leaves out, for one step per resume, the prefills of
+    # requests past their first token (tool results, recomputed contexts): sched/composition.py.
+    first_tokens_first: bool = False
 
 
 def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swap_s_per_token: float = 5e-6,
@@ -72,4 +76,4 @@ def make_policy(name: str, max_num_batched_tokens: int, cost: StepCostModel, swa
         low = min(max_num_batched_tokens, min_budget_tokens or max(16, max_num_batched_tokens // 8))
         budget = DynamicBudget(low, max_num_batched_tokens)
     return SchedulingPolicy(name, ordering, budget, min_waste, lengths, tools, kept_kv_passes=True,
-                            holds_sessions=True)
+                            holds_sessions=True, first_tokens_first=name == "augserve")

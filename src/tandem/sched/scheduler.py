@@ -28,6 +28,7 @@ from tandem.config import SchedulerConfig
 from tandem.errors import ConfigError
 from tandem.kv import KVCacheManager
 from tandem.sched.budget import TpotGuard
+from tandem.sched.composition import FirstTokensFirst
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.frontiers import FrontierChooser
 from tandem.sched.ordering import tool_key
@@ -61,6 +62,7 @@ class Scheduler:
         self.pauses = PauseBook(kv, self.policy.pause, self.policy.tools)
         self.sessions = SessionBook(kv, self.pauses, config.retention, self.policy.hold_ttl)   # KV held between a session's calls
         self._starved: set[str] = set()     # running requests admitted while they starved
+        self.composition = FirstTokensFirst()   # (used when the policy serves first tokens first)
         self.requests: dict[str, Request] = {}
         self.reconfigure_speculation(speculation)    # self.drafts
         self.tpot_guard = (TpotGuard(config.target_tpot_s, self.cost, config.ttft_guard_s)
@@ -141,6 +143,7 @@ class Scheduler:
         request.finish_reason = reason
         del self.requests[request.request_id]
         self.drafts.forget(request.request_id)
+        self.composition.forget(request.request_id)
 
     @property
     def num_waiting(self) -> int:
@@ -196,6 +199,7 @@ class Scheduler:
         self.sessions.release_all()         # (held by the old policy's rule)
         self.pauses = PauseBook(self.kv, policy.pause, policy.tools)
         self.sessions = SessionBook(self.kv, self.pauses, self.config.retention, policy.hold_ttl)
+        self.composition = FirstTokensFirst()
 
     # --- tool calls ----------------------------------------------------------------------------
     def pause_request(self, request_id: str, now: float, expected_s: float | None = None, tool: str = "") -> KVAction:
@@ -234,13 +238,22 @@ class Scheduler:
             self._step_had_decodes = num_decodes > 0
             step = self.tpot_guard.cap(step, num_decodes, self._oldest_first_token_wait(now))
         plan = StepPlan(swap_out=self.pauses.take_swap_outs())
-        budget = self._schedule_running(plan, step, now)
+        # Prefills behind a first token that may yield this step to prompts' first tokens (see
+        # sched/composition.py): running ones are held here, waiting ones left in the queue.
+        yielding = self.policy.first_tokens_first and self._first_tokens_fit(step, limit)
+        held: list[Request] = []
+        budget = self._schedule_running(plan, step, now, held if yielding else None)
         drafted = self.drafts.assign(plan, self.requests, budget)
         self.num_scheduled_tokens += drafted
         budget -= drafted
         admit = min(budget, limit)          # (= budget unless admissions_only: then limit caps admissions)
         if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
-            self._schedule_waiting(plan, admit, now)
+            left, gate = self._schedule_waiting(plan, admit, now, skip=self.composition.may_defer if yielding else None)
+            budget -= admit - left
+            if yielding:
+                self._settle_yielded(plan, held, budget, min(budget, left), gate, now)
+        elif held:
+            self._settle_yielded(plan, held, budget, 0, "closed", now)
         if self.trace is not None:
             self.trace.append(trace_row(self, plan, now, limit))
         plan.released_ids = self.pauses.take_released()
@@ -249,17 +262,33 @@ class Scheduler:
         self._step_started = now
         return plan
 
+    def _first_tokens_fit(self, step: int, limit: int) -> bool:
+        """Some prompt awaits its first token, and all of them fit this step beside the running
+        requests' tokens that do not yield (prefix cache hits not counted): the step can serve them
+        all. Past that (a queue of prompts, an overload) yielding would only reorder the queue."""
+        new = [r for r in self.waiting if r.times.first_token is None]
+        if not new and all(r.times.first_token is not None for r in self.running):
+            return False
+        if len(self.running) + len(new) > self.config.max_num_seqs:
+            return False
+        need = sum(r.num_tokens - r.num_computed_tokens for r in new)
+        running = sum(r.num_tokens - r.num_computed_tokens for r in self.running if not self.composition.may_defer(r))
+        return need <= limit and running + need <= step
+
     def _oldest_first_token_wait(self, now: float) -> float:
         """Seconds the longest-waiting request without a first token has waited (0 if none)."""
         starts = [r.times.arrival for r in itertools.chain(self.waiting, self.running) if r.times.first_token is None]
         return now - min(starts) if starts else 0.0
 
-    def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
+    def _schedule_running(self, plan: StepPlan, budget: int, now: float, held: list[Request] | None = None) -> int:
+        """`held`: collects, instead of scheduling them, the running prefills that may yield."""
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new <= 0:
+            if num_new <= 0 or (held is not None and self.composition.may_defer(request)):
+                if num_new > 0:
+                    held.append(request)
                 i += 1
                 continue
             while not self.kv.try_allocate(request, num_new):
@@ -277,12 +306,22 @@ class Scheduler:
                 i += 1
         return budget
 
-    def _schedule_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
+    def _schedule_waiting(self, plan: StepPlan, budget: int, now: float, skip=None, only=None,
+                          gate: str = "open") -> tuple[int, str]:
+        """Admit waiting requests in the ordering's order. `skip(request)`: leave it in the queue;
+        `only`: consider just these. `gate`: "open", or "blocked" (a higher-ranked request waits for
+        free blocks: only requests holding KV pass) or "closed" (none may pass), as a previous pass
+        left it. Returns the budget left and the gate."""
         self._starved &= {r.request_id for r in self.running}
         i = 0                                   # the next candidate
-        blocked = False                         # a higher-ranked request waits for free blocks
+        blocked = gate == "blocked"
+        if gate == "closed":
+            return budget, gate
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[i]
+            if (skip is not None and skip(request)) or (only is not None and request.request_id not in only):
+                i += 1
+                continue
             if blocked and not self.kv.num_blocks_of(request.request_id):
                 i += 1                          # only requests that hold their KV pass a blocked head
                 continue
@@ -301,7 +340,7 @@ class Scheduler:
             num_new = request.num_tokens - base
             if num_new > budget:
                 if not self.config.enable_chunked_prefill:
-                    break
+                    return budget, "closed"
                 num_new = budget
             watermark = self._watermark_blocks if self.running else 0
             # A swapped request holds no device blocks: this counts all of its context, including
@@ -311,7 +350,7 @@ class Scheduler:
                 if self._release_kv_for(request):
                     continue
                 if not (self.policy.kept_kv_passes and self.running):
-                    break
+                    return budget, "closed"
                 blocked = True
                 i += 1
                 continue
@@ -329,6 +368,30 @@ class Scheduler:
             self.running.append(request)
             self._add_to_plan(plan, request, num_new)
             budget -= num_new
+        return budget, "blocked" if blocked else "open"
+
+    def _settle_yielded(self, plan: StepPlan, held: list[Request], budget: int, admit: int, gate: str,
+                        now: float) -> None:
+        """The prefills that could yield (`held` running ones, and waiting ones left in the queue):
+        if the step serves the first tokens of all prompts that await one, they wait one step; if
+        not, they run now after all, within the step's `budget` left (and `admit` for admissions);
+        a running one that finds no free blocks waits one step, as if deferred."""
+        waiting = [r for r in self.waiting if self.composition.may_defer(r)]
+        if any(self.requests[s.request_id].times.first_token is None for s in plan.seqs) \
+                and all(r.times.first_token is not None for r in self.waiting):
+            for request in held + waiting:
+                self.composition.defer(request)
+            return
+        for request in held:
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new > 0 and self.kv.try_allocate(request, num_new):
+                self._add_to_plan(plan, request, num_new)
+                budget -= num_new
+                admit = min(admit, budget)
+            else:       # (next step it runs at its rank, free to preempt for blocks)
+                self.composition.defer(request)
+        if waiting and len(self.running) < self.config.max_num_seqs:
+            self._schedule_waiting(plan, admit, now, only={r.request_id for r in waiting}, gate=gate)
 
     def _release_kv_for(self, head: Request) -> bool:
         """The head lacks free blocks. If nothing runs, free KV that paused requests preserve or
