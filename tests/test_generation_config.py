@@ -138,11 +138,11 @@ def test_llm_generate_without_params_uses_the_model_defaults(gen_llm, monkeypatc
 
 def test_generation_config_flag_reaches_the_llm(monkeypatch):
     import tandem.llm
-    from tandem.cli import build_parser, _make_llm
+    from tandem.cli import build_parser, make_llm
 
     got = {}
     monkeypatch.setattr(tandem.llm, "LLM", lambda **kw: got.update(kw))
     for argv, want in ((["generate", "x"], "auto"), (["generate", "x", "--generation-config", "vllm"], "vllm"),
                        (["serve", "--generation-config", "/some/folder"], "/some/folder")):
-        _make_llm(build_parser().parse_args(argv))
+        make_llm(build_parser().parse_args(argv))
         assert got["generation_config"] == want

@@ -14,7 +14,8 @@ import httpx
 import pytest
 from server_helpers import wait_until
 
-from tandem.cli import _spec_config, build_parser, served_model_name
+from tandem.cli import build_parser, served_model_name
+from tandem.cli_engine import spec_config_from_args
 from tandem.errors import ConfigError
 
 
@@ -49,14 +50,14 @@ def test_serve_speculation_flags():
     a = build_parser().parse_args(["serve", "--speculative", "layerskip", "--num-draft-layers", "8",
                                    "--frontier-size", "2", "--overlap", "--draft-threads", "1",
                                    "--adaptive-frontiers"])
-    cfg = _spec_config(a)
+    cfg = spec_config_from_args(a)
     assert (cfg.method, cfg.num_draft_layers, cfg.frontier_size, cfg.overlap, cfg.draft_threads,
             cfg.adaptive_frontiers) == ("layerskip", 8, 2, True, 1, True)
-    assert not _spec_config(build_parser().parse_args(["serve", "--speculative", "ngram"])).adaptive_frontiers
+    assert not spec_config_from_args(build_parser().parse_args(["serve", "--speculative", "ngram"])).adaptive_frontiers
     with pytest.raises(ConfigError, match="frontier_size"):
-        _spec_config(build_parser().parse_args(["serve", "--speculative", "layerskip", "--overlap"]))
+        spec_config_from_args(build_parser().parse_args(["serve", "--speculative", "layerskip", "--overlap"]))
     with pytest.raises(ConfigError, match="model drafter"):
-        _spec_config(build_parser().parse_args(["serve", "--speculative", "ngram", "--frontier-size", "2",
+        spec_config_from_args(build_parser().parse_args(["serve", "--speculative", "ngram", "--frontier-size", "2",
                                                 "--overlap"]))
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.cli import _spec_config, build_parser
+from tandem.cli import build_parser
+from tandem.cli_engine import spec_config_from_args
 from tandem.config import SpecConfig
 from tandem.errors import ConfigError
 
@@ -56,8 +57,8 @@ def test_bad_speculative_config_is_a_config_error(spec, words):
 
 def test_cli_flag_and_conflict():
     a = build_parser().parse_args(["serve", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
-    assert _spec_config(a) == SpecConfig(method="ngram", max_draft_tokens=3)
+    assert spec_config_from_args(a) == SpecConfig(method="ngram", max_draft_tokens=3)
     a = build_parser().parse_args(["serve", "--speculative", "ngram", "--speculative-config", "{}"])
     with pytest.raises(ConfigError, match="not both"):
-        _spec_config(a)
-    assert _spec_config(build_parser().parse_args(["serve"])) is None
+        spec_config_from_args(a)
+    assert spec_config_from_args(build_parser().parse_args(["serve"])) is None

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from tandem.bench.cli_args import add_agents_parser, add_calibrate_parser, add_compare_parser, add_serve_parser
-from tandem.cli_engine import SERVE_BATCHED_TOKENS, _make_llm, _model_args, _spec_config, _tools, served_model_name  # noqa: F401 (re-exported)
+from tandem.cli_engine import SERVE_BATCHED_TOKENS, add_model_args, make_llm, served_model_name
 from tandem.cli_serve import add_serve_arguments
 from tandem.errors import TandemError
 from tandem.models.shapes import SHAPES
@@ -29,7 +29,7 @@ from tandem.sim.cli_args import add_predictor_parser, add_simulate_parser
 def cmd_generate(a: argparse.Namespace) -> int:
     from tandem.sampling_params import SamplingParams
 
-    llm = _make_llm(a)
+    llm = make_llm(a)
     params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, seed=a.sample_seed)
     if a.chat:
         out = llm.chat([{"role": "user", "content": a.prompt}], params)[0]
@@ -57,7 +57,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     built = {}
 
     def build():                      # on the engine thread (see AsyncLLMEngine)
-        built["llm"] = _make_llm(a)
+        built["llm"] = make_llm(a)
         return built["llm"].engine
 
     engine = AsyncLLMEngine(build, max_waiting=a.max_waiting)
@@ -94,7 +94,7 @@ def cmd_bench_offline(a: argparse.Namespace) -> int:
     from tandem.bench.offline import bench_offline
 
     conc = [int(x) for x in a.concurrency.split(",")]
-    llm = _make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]))
+    llm = make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]))
     data = bench_offline(llm, conc, repeats=a.repeats, dataset=a.dataset, max_tokens=a.max_tokens, json_path=a.json)
     print(f"\n{'C':>4} {'tok/s':>8} {'step ms':>8} {'roofline ms':>12} {'bound':>8} {'fraction':>9}")
     for r in data["results"]:
@@ -114,7 +114,7 @@ def cmd_bench_perplexity(a: argparse.Namespace) -> int:
     except OSError as e:
         print(f"tandem: error: --text {a.text}: {e.strerror or e}", file=sys.stderr)
         return 2
-    llm = _make_llm(a)
+    llm = make_llm(a)
     try:
         data = perplexity(llm, text, ctx=a.ctx, max_chunks=a.chunks)
     except ValueError as e:
@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, models, metrics)")
     add_serve_arguments(s)
-    _model_args(s, SERVE_BATCHED_TOKENS)
+    add_model_args(s, SERVE_BATCHED_TOKENS)
     s.set_defaults(func=cmd_serve)
 
     g = sub.add_parser("generate", help="generate text from one prompt")
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--sample-seed", type=int, default=None)
-    _model_args(g)
+    add_model_args(g)
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("model", help="model management")
@@ -168,14 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dataset", default=None, help="prompt-set JSONL (default: the bundled shared prompt set)")
     o.add_argument("--max-tokens", type=int, default=None, help="override each prompt's max_tokens")
     o.add_argument("--json", default=None, help="write the figures to this JSON file")
-    _model_args(o)
+    add_model_args(o)
     o.set_defaults(func=cmd_bench_offline)
     pp = bsub.add_parser("perplexity", help="perplexity on a text, as llama.cpp's llama-perplexity computes it")
     pp.add_argument("--text", required=True, help="a UTF-8 text file")
     pp.add_argument("--ctx", type=int, default=512, help="tokens per chunk (the second half of each is scored)")
     pp.add_argument("--chunks", type=int, default=None, help="score at most this many chunks")
     pp.add_argument("--json", default=None, help="write the figures to this JSON file")
-    _model_args(pp)
+    add_model_args(pp)
     pp.set_defaults(func=cmd_bench_perplexity)
     add_serve_parser(bsub)
     add_agents_parser(bsub)
@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--max-tokens", type=int, default=None, help="cap each prompt's max_tokens")
     sp.add_argument("--json", default=None)
     sp.add_argument("--plot", default=None, help="PNG of tok/s against concurrency, one line per policy")
-    _model_args(sp)
+    add_model_args(sp)
     sp.set_defaults(func=cmd_bench_spec)
     ac = bsub.add_parser("acceptance", help="draft offers and acceptance per dataset, fitted for the simulator "
                                             "(n-gram drafts unless --speculative says otherwise)")
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     ac.add_argument("--max-tokens", type=int, default=256, help="cap each request's output")
     ac.add_argument("--concurrency", type=int, default=8, help="requests in flight (acceptance is load-insensitive)")
     ac.add_argument("--json", default=None)
-    _model_args(ac)
+    add_model_args(ac)
     ac.set_defaults(func=cmd_bench_acceptance)
     au = bsub.add_parser("augmented", help="tool-augmented serving per scheduling policy (scripted traces)")
     au.add_argument("--policies", default="fcfs-discard,infercept,augserve")
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write every run's per-step scheduler trace here (JSON lines)")
     au.add_argument("--stall", default=None, metavar="SECONDS@AT",
                     help="disturb each run: stop stepping for SECONDS once it has lasted AT seconds")
-    _model_args(au, block_size=16)      # the tiny caches of the memory-bound runs count 16-token blocks
+    add_model_args(au, block_size=16)      # the tiny caches of the memory-bound runs count 16-token blocks
     au.set_defaults(func=cmd_bench_augmented)
     add_simulate_parser(sub, subcommands=[add_calibrate_parser])
     add_predictor_parser(sub)
@@ -268,7 +268,7 @@ def cmd_bench_augmented(a: argparse.Namespace) -> int:
             print(f"tandem: error: --stall wants SECONDS@AT, both >= 0 (e.g. 4@12), got {a.stall!r}",
                   file=sys.stderr)
             return 2
-    llm = _make_llm(a, tools=True)
+    llm = make_llm(a, tools=True)
     data = bench_augmented(llm, policies, rates, a.num_requests, a.trace_seed, a.token_scale, a.time_scale,
                            (a.slo_ttft, a.slo_norm_latency), a.repeats, a.json, predictor=predictor,
                            steps_path=a.step_trace, stall=stall)
@@ -290,7 +290,7 @@ def cmd_bench_acceptance(a: argparse.Namespace) -> int:
         return 2
     spec = SpecConfig(method=a.speculative or "ngram", max_draft_tokens=a.draft_tokens, draft_model=a.draft_model,
                       draft_quantization=a.draft_quantization, num_draft_layers=a.num_draft_layers)
-    llm = _make_llm(a, speculative=spec)
+    llm = make_llm(a, speculative=spec)
     try:
         bench_acceptance(llm, [d for d in a.datasets.split(",") if d], a.num_requests, a.draft_tokens,
                          a.temperature, a.max_tokens, a.concurrency, a.json, seed=a.seed or 0)
@@ -314,7 +314,7 @@ def cmd_bench_spec(a: argparse.Namespace) -> int:
                       draft_quantization=a.draft_quantization,
                       num_draft_layers=a.num_draft_layers, frontier_size=a.frontier_size,
                       early_exit_layer=a.early_exit_layer)
-    llm = _make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]), speculative=spec)
+    llm = make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]), speculative=spec)
     kinds = [k for k in a.kinds.split(",") if k]
     data = bench_spec(llm, conc, policies, a.repeats, a.requests_per_point, kinds, a.kind_requests, a.json, a.plot,
                       requests_per_slot=a.requests_per_slot, max_tokens=a.max_tokens)

@@ -14,7 +14,7 @@ from tandem.models.shapes import SHAPES
 SERVE_BATCHED_TOKENS = 2048   # `tandem serve`'s step budget, vLLM's server default (docs/benchmarks.md)
 
 
-def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, block_size: int | None = None) -> None:
+def add_model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, block_size: int | None = None) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None,
                    help="HF model directory, .gguf file, or Hugging Face Hub repository org/name[@revision] "
@@ -87,7 +87,7 @@ def _model_args(p: argparse.ArgumentParser, max_num_batched_tokens: int = 512, b
     sd.add_argument("--draft-threads", type=int, default=1, help="CPU threads the overlapped drafter gets")
 
 
-def _tools(a: argparse.Namespace):
+def tool_registry_from_args(a: argparse.Namespace):
     """--tools calculator,retrieve (built-ins) and/or --tools-module my.module (its `register(registry)`)."""
     names = [t for t in (getattr(a, "tools", None) or "").split(",") if t]
     module = getattr(a, "tools_module", None)
@@ -110,7 +110,7 @@ def _tools(a: argparse.Namespace):
     return reg
 
 
-def _spec_config(a: argparse.Namespace):
+def spec_config_from_args(a: argparse.Namespace):
     from tandem.config import SpecConfig
     from tandem.errors import ConfigError
 
@@ -129,7 +129,7 @@ def _spec_config(a: argparse.Namespace):
                       adaptive_frontiers=a.adaptive_frontiers)
 
 
-def _make_llm(a: argparse.Namespace, **overrides):
+def make_llm(a: argparse.Namespace, **overrides):
     from tandem.config import RetentionConfig
     from tandem.llm import LLM
 
@@ -137,8 +137,8 @@ def _make_llm(a: argparse.Namespace, **overrides):
               max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
               kv_cache_memory_gb=a.kv_cache_memory_gb, block_size=a.block_size,
               enable_prefix_caching=not a.no_prefix_caching,
-              seed=a.seed, speculative=_spec_config(a), scheduling_policy=a.scheduling_policy,
-              swap_space_gb=a.swap_space_gb, tools=_tools(a), quantization=a.quantization,
+              seed=a.seed, speculative=spec_config_from_args(a), scheduling_policy=a.scheduling_policy,
+              swap_space_gb=a.swap_space_gb, tools=tool_registry_from_args(a), quantization=a.quantization,
               generation_config=a.generation_config, load_format=a.load_format,
               target_tpot_ms=a.target_tpot_ms, ttft_guard_ms=a.ttft_guard_ms, kv_cache_dtype=a.kv_cache_dtype,
               session_retention=RetentionConfig(a.session_max_hold_s, a.session_max_share,
@@ -167,5 +167,5 @@ def serve_parser() -> argparse.ArgumentParser:
     """A parser of `tandem serve`'s flags alone (its own and the engine's)."""
     p = argparse.ArgumentParser(prog="tandem serve")
     add_serve_arguments(p)
-    _model_args(p, SERVE_BATCHED_TOKENS)
+    add_model_args(p, SERVE_BATCHED_TOKENS)
     return p

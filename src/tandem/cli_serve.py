@@ -1,4 +1,4 @@
-"""`tandem serve`'s own flags (the engine's come from tandem.cli_engine's `_model_args`): HTTP, limits,
+"""`tandem serve`'s own flags (the engine's come from tandem.cli_engine's `add_model_args`): HTTP, limits,
 server-side tools, scale-out on Ray Serve, and vLLM's chat-output flags."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Ray Serve application: N `TandemReplica`s (one engine each) behind one `TandemIngress`.
 
-Each replica builds its engine exactly as `tandem serve` does (`tandem.cli_engine._make_llm`, on the
+Each replica builds its engine exactly as `tandem serve` does (`tandem.cli_engine.make_llm`, on the
 engine thread of an `AsyncLLMEngine`) with torch limited to the replica's CPUs, and serves the
 same FastAPI app (`tandem.server.create_app`), called in-process as ASGI (`tandem.cluster.asgi`).
 The ingress is thin: it reads the request just enough to route it (session, prompt block hashes,
@@ -52,7 +52,7 @@ class TandemReplica:
     def __init__(self, args: argparse.Namespace, num_threads: int = 1) -> None:
         import torch
 
-        from tandem.cli_engine import _make_llm, served_model_name
+        from tandem.cli_engine import make_llm, served_model_name
         from tandem.engine.async_engine import AsyncLLMEngine
         from tandem.server.app import create_app
 
@@ -61,7 +61,7 @@ class TandemReplica:
 
         def build():                     # on the engine thread, as `tandem serve` builds it
             torch.set_num_threads(num_threads)
-            built["llm"] = _make_llm(args)
+            built["llm"] = make_llm(args)
             return built["llm"].engine
 
         self.engine = AsyncLLMEngine(build, max_waiting=args.max_waiting)

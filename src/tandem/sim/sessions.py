@@ -25,7 +25,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from tandem.sim.workload import DEFAULT_ACCEPTANCE, DEFAULT_KINDS, _lognormal
+from tandem.sim.workload import DEFAULT_ACCEPTANCE, DEFAULT_KINDS, lognormal
 from tandem.workload.arrivals import make_arrivals
 from tandem.workload.augmented import load_profiles, sample_augmented
 
@@ -76,7 +76,7 @@ def chat_sessions(n: int, rng: random.Random) -> list[tuple[str, tuple[Turn, ...
     for _ in range(n):
         turns, context = [], 0
         while len(turns) < CHAT["max_turns"]:
-            msg, reply = _lognormal(kind["prompt"], rng), _lognormal(kind["output"], rng)
+            msg, reply = lognormal(kind["prompt"], rng), lognormal(kind["output"], rng)
             if turns and context + msg + reply > CHAT["max_context"]:
                 break
             gap = rng.lognormvariate(math.log(CHAT["think_median_s"]), CHAT["think_sigma"]) if turns else 0.0

@@ -125,7 +125,7 @@ class WorkloadSpec:
     abort_after_s: float | None = None
 
 
-def _lognormal(spec: list[float], rng: random.Random) -> int:
+def lognormal(spec: list[float], rng: random.Random) -> int:
     median, sigma, lo, hi = spec
     return int(min(hi, max(lo, round(rng.lognormvariate(math.log(median), sigma)))))
 
@@ -136,8 +136,8 @@ def synthetic_lengths(n: int, kinds: dict[str, dict[str, Any]], rng: random.Rand
     out = []
     for _ in range(n):
         k = rng.choices(names, weights)[0]
-        out.append(AugmentedRequest(k, _lognormal(kinds[k]["prompt"], rng),
-                                    [Segment(_lognormal(kinds[k]["output"], rng))]))
+        out.append(AugmentedRequest(k, lognormal(kinds[k]["prompt"], rng),
+                                    [Segment(lognormal(kinds[k]["output"], rng))]))
     return out
 
 
