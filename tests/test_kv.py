@@ -375,3 +375,23 @@ def test_the_simulators_digest_is_the_one_a_ray_replica_reports():
         assert sim.pool.digest() == digest_of(plain.recent_block_hashes(2 * size), size), step
         assert sim.pool.digest() == digest_of(sim.recent_block_hashes(2 * size), size), step
     assert plain.pool.num_evictions > 0                            # evictions were part of it
+
+
+def test_a_swap_out_copies_a_block_only_when_it_is_handed_out_and_an_abort_cancels_the_copy():
+    """Write-back host tier: swap_out reserves host blocks and copies nothing; a block falls due when
+    the pool hands it out (before the new owner writes it); ending the swapped request cancels
+    its copies, even one that fell due and no plan took yet, and frees its host blocks at once."""
+    kv = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=False, num_host_blocks=4)
+    a = req("a", list(range(8)))
+    admit(kv, a)                                   # blocks 0, 1
+    kv.swap_out(a)
+    assert kv.take_due_copies() == [] and kv.num_free_blocks == 4 and kv.num_free_host_blocks == 2
+    b = req("b", list(range(100, 112)))
+    admit(kv, b)                                   # 3 blocks: 2 never used, then a's last one (block 1)
+    host = kv._swapped["a"]
+    assert kv.take_due_copies() == [(1, host[1])]
+    kv.free(b)
+    c = req("c", list(range(200, 216)))
+    admit(kv, c)                                   # all 4 blocks: block 0 falls due too
+    kv.free(a)                                     # a ends before the plan takes that copy
+    assert kv.take_due_copies() == [] and kv.num_free_host_blocks == 4 and not kv.is_swapped("a")

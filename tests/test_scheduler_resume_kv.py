@@ -1,7 +1,8 @@
 """Re-admission after tool pauses when KV is tight (found by the simulator, fixed in the scheduler):
 
 - a swapped request needs only its own blocks free to come back (the check counted them twice,
-  so a request could never return once the cache was more than half full);
+  so a request could never return once the cache was more than half full); a swap copies out and
+  back only the blocks that others reused meanwhile;
 - when nothing runs and the head of the queue does not fit, KV kept by other waiting (resumed
   after preserve) or paused requests is freed for recompute, instead of waiting forever;
 - while others run, kept KV is never freed for the head; AugServe's policies admit the requests
@@ -55,15 +56,37 @@ def test_swapped_request_comes_back_when_its_own_blocks_are_free():
     sched.add_request(a)
     run_step(sched)
     assert sched.pause_request("a", 0.0, 1.0) is KVAction.SWAP
-    hog = req("hog", 12, arrival=1.0)              # 3 blocks, 4 once it decodes
+    hog = req("hog", 12, arrival=1.0)              # 3 blocks, 4 once it decodes: blocks never used before
     sched.add_request(hog)
-    plan = run_step(sched, 1.0)                    # carries a's swap-out copies
-    run_step(sched, 1.0)
-    assert plan.swap_out and sched.kv.is_swapped("a") and sched.kv.num_free_blocks == 8
-    sched.resume_request("a", [5, 5], 2.0)         # 27 tokens: 7 blocks, 6 of them swapped in
+    plans = [run_step(sched, 1.0), run_step(sched, 1.0)]
+    assert not any(p.swap_out for p in plans)      # a's blocks were not reused: nothing copied out
+    assert sched.kv.is_swapped("a") and sched.kv.num_free_blocks == 8
+    sched.resume_request("a", [5, 5], 2.0)         # 27 tokens: 7 blocks, 6 of them its own
     plan = run_step(sched, 2.0)
     assert "a" in [s.request_id for s in plan.seqs]     # the old check wanted 7 + 6 = 13 free blocks
-    assert len(plan.swap_in) == 6 and a.status is RequestStatus.RUNNING
+    assert plan.swap_in == [] and a.status is RequestStatus.RUNNING     # taken back as they were
+    assert sched.kv.num_free_blocks == 1 and not sched.kv.is_swapped("a")
+
+
+def test_a_swap_copies_out_only_the_blocks_that_are_reused_and_copies_back_only_those():
+    sched = make(num_blocks=16, action=KVAction.SWAP)
+    a = req("a", 24)                               # blocks 0-5
+    sched.add_request(a)
+    run_step(sched)
+    assert sched.pause_request("a", 0.0, 1.0) is KVAction.SWAP
+    own = sched.kv.pool.blocks[:6]
+    hog = Request("hog", [3] * 44, SamplingParams(max_tokens=1, ignore_eos=True), arrival_time=1.0)
+    sched.add_request(hog)                         # 11 blocks: the 10 never used, then a's last one
+    plan = run_step(sched, 1.0)
+    host = sched.kv._swapped["a"]
+    assert plan.swap_out == [(5, host[5])]         # copied out in the step that reuses it, before it computes
+    assert hog.status is RequestStatus.FINISHED and sched.kv.num_free_blocks == 16
+    sched.resume_request("a", [5, 5], 2.0)
+    plan = run_step(sched, 2.0)
+    table = sched.kv.block_ids("a")
+    assert table[:5] == [b.block_id for b in own[:5]]            # its own blocks, untouched: no copy
+    assert plan.swap_in == [(host[5], table[5])] and plan.swap_out == []
+    assert sched.kv.num_free_host_blocks == 64
 
 
 def test_head_of_queue_gets_kv_kept_by_waiting_requests_when_nothing_runs():

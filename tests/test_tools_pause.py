@@ -70,3 +70,36 @@ def test_a_tool_result_is_cut_to_leave_room_for_one_generated_token():
     assert fit_tool_result(ids, 100, 105) == ids[:4]
     assert fit_tool_result(ids, 109, 110) == []
     assert fit_tool_result(ids, 200, 110) == []                  # never a negative slice
+
+
+def test_a_swapped_context_whose_blocks_were_reused_comes_back_through_host_memory(llm):
+    """A swap-out copies nothing until its device blocks are reused: here a long prompt takes all
+    but one block while the request waits on its tool, so the blocks it took are copied out in that
+    step, copied back on resume, and the rest are taken back as they are. The tokens are those of
+    a request that kept its KV."""
+    ref = run_scripted(llm, KVAction.PRESERVE)[0]
+    eng = llm.engine
+    eng.scheduler.pauses.policy = FixedAction(KVAction.SWAP)
+    pool = eng.scheduler.kv.pool
+    copies_due = pool.num_copies_due
+    params = SamplingParams(max_tokens=sum(s[0] for s in SCRIPT), temperature=0, ignore_eos=True)
+    slow = [(6, 1.0, 9)] + SCRIPT[1:]                   # the first tool call waits 1 s
+    rid = eng.add_request(prompt_token_ids=PROMPT, params=params, tool_options=ToolOptions(script=slow))
+    while not eng.scheduler.num_paused:
+        eng.step()
+    assert pool.num_copies_due == copies_due                  # swapped out: nothing copied yet
+    hog = eng.add_request(prompt_token_ids=list(range(30, 282)),    # 252 tokens: 63 of the 64 blocks
+                          params=SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    outs = {}
+    while eng.has_unfinished_requests():
+        got = eng.step()
+        if not got:
+            eng.wait_for_tools()
+        finished = {o.request_id: o for o in got if o.finished}
+        if hog in finished:
+            assert eng.scheduler.num_paused == 1, "the hog must run while the request waits on its tool"
+        outs.update(finished)
+    assert outs[rid].token_ids == ref.token_ids
+    assert pool.num_copies_due - copies_due >= 5              # its blocks the hog took, copied out
+    kv = eng.scheduler.kv
+    assert kv.num_free_blocks == kv.num_blocks and kv.num_free_host_blocks == kv.num_host_blocks

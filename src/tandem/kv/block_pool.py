@@ -4,6 +4,11 @@ Free blocks wait in an LRU queue; a free block may still hold a cached prefix (i
 until it is handed out again, so a returning prompt can take it back for free. Eviction order is
 least recently freed first; callers free a sequence's tail blocks before its head blocks, because
 heads (system prompts, shared prefixes) are the ones worth keeping.
+
+Copies to host memory wait for need (a write-back tier): a swapped-out block stays where it is with
+a copy out registered (`defer_copy`); the copy falls due only when the block is handed out again or
+its content changes (`take_due_copies`: the executor makes those copies before it computes), and
+the owner that comes back first takes the block back without any copy (`take_back`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ class BlockPool:
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, Block] = {}
         self.num_evictions = 0
+        self._copy_out: dict[int, int] = {}            # block id -> host block its content is owed to
+        self._due: list[tuple[int, int]] = []          # (block id, host block) copies to make now
+        self.num_copies_deferred = 0
+        self.num_copies_due = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -47,6 +56,7 @@ class BlockPool:
         out = []
         for _ in range(n):
             _, block = self._free.popitem(last=False)
+            self._settle_copy(block)
             self._uncache(block)
             block.ref_cnt = 1
             out.append(block)
@@ -98,7 +108,42 @@ class BlockPool:
 
     def uncache(self, block: Block) -> None:
         """Withdraw a block from the prefix cache (its content no longer matches its hash)."""
+        self._settle_copy(block)
         self._uncache(block)
+
+    # --- copies out that wait for need ----------------------------------------------------
+    def defer_copy(self, block: Block, host_block: int) -> None:
+        """`block`'s content belongs in `host_block`; copy it only when the block is reused."""
+        self._copy_out[block.block_id] = host_block
+        self.num_copies_deferred += 1
+
+    def take_back(self, block: Block, host_block: int) -> bool:
+        """The owner of a deferred copy comes back: if its block still holds the content (not
+        handed out since), reference it again and drop the copy; False if the copy was made."""
+        if self._copy_out.get(block.block_id) != host_block:
+            return False
+        del self._copy_out[block.block_id]
+        self.touch([block])
+        return True
+
+    def cancel_copy(self, block: Block, host_block: int) -> None:
+        """The host copy is not needed any more (its owner ended, or took its KV elsewhere), even
+        if it fell due and no plan has taken it yet: the host block may take another copy now."""
+        if self._copy_out.get(block.block_id) == host_block:
+            del self._copy_out[block.block_id]
+        elif (block.block_id, host_block) in self._due:
+            self._due.remove((block.block_id, host_block))
+
+    def take_due_copies(self) -> list[tuple[int, int]]:
+        """(block, host block) copies that must happen before the next compute writes the blocks."""
+        out, self._due = self._due, []
+        return out
+
+    def _settle_copy(self, block: Block) -> None:
+        host = self._copy_out.pop(block.block_id, None)
+        if host is not None:
+            self._due.append((block.block_id, host))
+            self.num_copies_due += 1
 
     def _uncache(self, block: Block) -> None:
         if block.block_hash is not None:

@@ -34,6 +34,7 @@ class KVCacheManager:
         self._free_host: list[int] = list(range(num_host_blocks - 1, -1, -1))
         self._host_released: list[int] = []     # freed by swap-in: reusable from the next step on
         self._swapped: dict[str, list[int]] = {}
+        self._parked: dict[str, list[Block]] = {}   # a swapped request's device blocks, beside its host blocks
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks: dict[str, list[Block]] = {}
         self._ids: dict[str, list[int]] = {}       # the same tables as block ids (read every step)
@@ -177,12 +178,12 @@ class KVCacheManager:
         if rid in self._blocks or rid in self._swapped:
             raise ValueError(f"request {rid!r} already holds KV")
         keep = num_tokens // bs
-        host = self._swapped.pop(src.request_id, None)
-        if host is not None:
-            keep = min(keep, len(host))
-            self._host_released.extend(reversed(host[keep:]))    # (a copy out may still be queued)
+        if src.request_id in self._swapped:
+            keep = min(keep, len(self._swapped[src.request_id]))
+            self._release_host(src.request_id, keep)
             if keep:
-                self._swapped[rid] = host[:keep]
+                self._swapped[rid] = self._swapped.pop(src.request_id)
+                self._parked[rid] = self._parked.pop(src.request_id)
             return keep * bs
         table = self._blocks.pop(src.request_id, None) or []
         ids = self._ids.pop(src.request_id, None) or []
@@ -209,34 +210,44 @@ class KVCacheManager:
     def can_swap_out(self, request: Request) -> bool:
         return 0 < self.num_blocks_of(request.request_id) <= len(self._free_host)
 
-    def swap_out(self, request: Request) -> list[tuple[int, int]]:
-        """Move the request's blocks to host memory: (device block, host block) copies to make.
-
-        The device blocks are released (a cached prefix among them stays cached while nobody
-        reuses the block), and the request holds only host blocks until `swap_in`."""
+    def swap_out(self, request: Request) -> None:
+        """Move the request's blocks to host memory, lazily: host blocks are reserved, and the
+        device blocks are released with their copies deferred (BlockPool: a block's copy is made
+        when the block is handed out again, in the plan of the step that reuses it). Until then
+        a cached prefix among them stays cached, and `swap_in` takes back what was not reused."""
         rid = request.request_id
         table = self._blocks.pop(rid)
         self._ids.pop(rid, None)
         host = [self._free_host.pop() for _ in table]
+        for block, h in zip(table, host):
+            self.pool.defer_copy(block, h)
         self._swapped[rid] = host
+        self._parked[rid] = table
         self._num_published.pop(rid, None)
         self.pool.free(list(reversed(table)))
-        return [(b.block_id, h) for b, h in zip(table, host)]
+
+    def take_due_copies(self) -> list[tuple[int, int]]:
+        """(device block, host block) copies the next step must make before it computes."""
+        return self.pool.take_due_copies()
 
     def can_swap_in(self, request: Request) -> bool:
         return len(self._swapped.get(request.request_id, ())) <= self.pool.num_free_blocks
 
     def swap_in(self, request: Request) -> list[tuple[int, int]]:
-        """Bring a swapped request back: (host block, device block) copies to make."""
+        """Bring a swapped request back: its device blocks that nobody reused, as they are, and new
+        ones for the rest, with the (host block, device block) copies to make."""
         rid = request.request_id
         host = self._swapped.pop(rid)
-        blocks = self.pool.get_new_blocks(len(host))
+        parked = self._parked.pop(rid)
+        kept = [self.pool.take_back(b, h) for b, h in zip(parked, host)]
+        new = iter(self.pool.get_new_blocks(kept.count(False)))
+        blocks = [b if k else next(new) for b, k in zip(parked, kept)]
         self._blocks[rid] = blocks
         self._ids[rid] = [b.block_id for b in blocks]
-        # The copy back happens during this step: its host blocks must not serve a swap-out now.
+        # The copy back happens during this step: its host blocks must not take a copy out now.
         self._host_released.extend(reversed(host))
         self._cache_full_blocks(request, request.num_computed_tokens)
-        return [(h, b.block_id) for h, b in zip(host, blocks)]
+        return [(h, b.block_id) for h, b, k in zip(host, blocks, kept) if not k]
 
     def drop_swapped_if_cached(self, request: Request) -> bool:
         """Host memory is the second tier: a swap-out leaves the device blocks in the prefix cache
@@ -250,8 +261,7 @@ class KVCacheManager:
         full = request.num_computed_tokens // self.block_size
         if len(self._cached_prefix(self._hash(request, full * self.block_size), full)) < full:
             return False
-        del self._swapped[request.request_id]
-        self._host_released.extend(reversed(host))
+        self._release_host(request.request_id)
         return True
 
     def end_step(self) -> None:
@@ -260,10 +270,20 @@ class KVCacheManager:
         self._host_released.clear()
 
     def drop_swapped(self, request: Request) -> None:
-        """Forget a swapped request's host copy (aborted while paused)."""
-        host = self._swapped.pop(request.request_id, None)
-        if host:
-            self._free_host.extend(reversed(host))
+        """Forget a swapped request's host copy (aborted while paused, or ended): free at once."""
+        self._release_host(request.request_id, at_once=True)
+
+    def _release_host(self, rid: str, keep: int = 0, at_once: bool = False) -> None:
+        """Free the host blocks of swapped request `rid` past its first `keep`, and cancel their
+        copies out. Not `at_once`: from the next step on (this step may read them: a copy back)."""
+        host, parked = self._swapped.pop(rid, None), self._parked.pop(rid, None)
+        if host is None:
+            return
+        for b, h in zip(parked[keep:], host[keep:]):
+            self.pool.cancel_copy(b, h)
+        (self._free_host if at_once else self._host_released).extend(reversed(host[keep:]))
+        if keep:
+            self._swapped[rid], self._parked[rid] = host[:keep], parked[:keep]
 
     # --- internals -----------------------------------------------------------------------
     def _cached_prefix(self, hashes: list[BlockHash], max_blocks: int) -> list[Block]:

@@ -1,8 +1,8 @@
 """Requests paused on tool calls: their KV action, swap bookkeeping, and the resume path.
 
 The scheduler delegates here. On `pause`, the KV policy chooses preserve / swap / discard for the
-request (swap within a per-step block budget and free host space); swap-outs are queued for the
-next plan (the executor copies before it computes). On `resume`, the tool result's tokens join
+request (swap within a per-step block budget and free host space); a swap-out's copies wait until
+its device blocks are reused (tandem.kv: the plan of the step that reuses them carries them). On `resume`, the tool result's tokens join
 the request's context as tokens to compute (not output) and the request rejoins the waiting
 queue; a swapped request is swapped back in when admitted. When the scheduler needs blocks that
 a paused or waiting request kept, `evict` frees them (recomputed when the request runs).
@@ -28,7 +28,6 @@ class PauseBook:
         self.swap_budget_blocks = swap_budget_blocks
         self.paused: dict[str, Request] = {}
         self._holding: set[str] = set()     # paused requests that kept device blocks (read every step)
-        self.pending_swap_out: list[tuple[int, int]] = []
         self.released: list[str] = []       # requests whose device KV was freed or moved (for the plan)
         self._swapped_this_step = 0
         self.num_actions = {a: 0 for a in KVAction}
@@ -56,7 +55,7 @@ class PauseBook:
                                                  can_preserve))
         held = 0
         if action is KVAction.SWAP:
-            self.pending_swap_out.extend(self.kv.swap_out(r))
+            self.kv.swap_out(r)
             self._swapped_this_step += nblocks
             self.mark_released(r)
         elif action is KVAction.DISCARD:
@@ -128,10 +127,6 @@ class PauseBook:
         draft model read of it; the next plan says so."""
         r.draft.num_seen = 0
         self.released.append(r.request_id)
-
-    def take_swap_outs(self) -> list[tuple[int, int]]:
-        out, self.pending_swap_out = self.pending_swap_out, []
-        return out
 
     def take_released(self) -> list[str]:
         out, self.released = self.released, []

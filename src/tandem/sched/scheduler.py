@@ -185,7 +185,7 @@ class Scheduler:
 
     def has_work(self) -> bool:
         """Something to compute now (paused requests wait for their tools, not for a step)."""
-        return bool(self.running or self.waiting or self.pauses.pending_swap_out)
+        return bool(self.running or self.waiting)
 
     def set_policy(self, policy: SchedulingPolicy | str, trained: dict | None = None) -> None:
         """Switch scheduling policies (a name or a built policy) between workloads: needs an idle
@@ -237,7 +237,7 @@ class Scheduler:
             num_decodes = sum(1 for r in self.running if r.times.first_token is not None)
             self._step_had_decodes = num_decodes > 0
             step = self.tpot_guard.cap(step, num_decodes, self._oldest_first_token_wait(now))
-        plan = StepPlan(swap_out=self.pauses.take_swap_outs())
+        plan = StepPlan()
         # Prefills behind a first token that may yield this step to prompts' first tokens (see
         # sched/composition.py): running ones are held here, waiting ones left in the queue.
         yielding = self.policy.first_tokens_first and self._first_tokens_fit(step, limit)
@@ -257,6 +257,7 @@ class Scheduler:
         if self.trace is not None:
             self.trace.append(trace_row(self, plan, now, limit))
         plan.released_ids = self.pauses.take_released()
+        plan.swap_out = self.kv.take_due_copies()     # (copies out of blocks this step reuses)
         self.kv.end_step()
         self.pauses.end_step()
         self._step_started = now
