@@ -36,7 +36,7 @@ class BlockPool:
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, Block] = {}
         self.num_evictions = 0
-        self._copy_out: dict[int, int] = {}            # block id -> host block its content is owed to
+        self._copy_out: dict[int, list[int]] = {}      # block id -> host blocks its content is owed to
         self._due: list[tuple[int, int]] = []          # (block id, host block) copies to make now
         self.num_copies_deferred = 0
         self.num_copies_due = 0
@@ -113,26 +113,33 @@ class BlockPool:
 
     # --- copies out that wait for need ----------------------------------------------------
     def defer_copy(self, block: Block, host_block: int) -> None:
-        """`block`'s content belongs in `host_block`; copy it only when the block is reused."""
-        self._copy_out[block.block_id] = host_block
+        """`block`'s content belongs in `host_block`; copy it only when the block is reused. A block
+        shared by several requests (a common prefix) may owe its content to several host blocks."""
+        self._copy_out.setdefault(block.block_id, []).append(host_block)
         self.num_copies_deferred += 1
 
     def take_back(self, block: Block, host_block: int) -> bool:
         """The owner of a deferred copy comes back: if its block still holds the content (not
         handed out since), reference it again and drop the copy; False if the copy was made."""
-        if self._copy_out.get(block.block_id) != host_block:
+        if not self._drop_copy(block, host_block):
             return False
-        del self._copy_out[block.block_id]
         self.touch([block])
         return True
 
     def cancel_copy(self, block: Block, host_block: int) -> None:
         """The host copy is not needed any more (its owner ended, or took its KV elsewhere), even
         if it fell due and no plan has taken it yet: the host block may take another copy now."""
-        if self._copy_out.get(block.block_id) == host_block:
-            del self._copy_out[block.block_id]
-        elif (block.block_id, host_block) in self._due:
+        if not self._drop_copy(block, host_block) and (block.block_id, host_block) in self._due:
             self._due.remove((block.block_id, host_block))
+
+    def _drop_copy(self, block: Block, host_block: int) -> bool:
+        owed = self._copy_out.get(block.block_id)
+        if not owed or host_block not in owed:
+            return False
+        owed.remove(host_block)
+        if not owed:
+            del self._copy_out[block.block_id]
+        return True
 
     def take_due_copies(self) -> list[tuple[int, int]]:
         """(block, host block) copies that must happen before the next compute writes the blocks."""
@@ -140,8 +147,7 @@ class BlockPool:
         return out
 
     def _settle_copy(self, block: Block) -> None:
-        host = self._copy_out.pop(block.block_id, None)
-        if host is not None:
+        for host in self._copy_out.pop(block.block_id, ()):
             self._due.append((block.block_id, host))
             self.num_copies_due += 1
 
