@@ -34,7 +34,7 @@ class KVCacheManager:
         self._free_host: list[int] = list(range(num_host_blocks - 1, -1, -1))
         self._host_released: list[int] = []     # freed by swap-in: reusable from the next step on
         self._swapped: dict[str, list[int]] = {}
-        self._parked: dict[str, list[Block]] = {}   # a swapped request's device blocks, beside its host blocks
+        self._parked: dict[str, list[Block]] = {}   # a swapped request's device blocks, beside _swapped
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks: dict[str, list[Block]] = {}
         self._ids: dict[str, list[int]] = {}       # the same tables as block ids (read every step)

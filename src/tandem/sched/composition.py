@@ -47,4 +47,3 @@ class FirstTokensFirst:
 
     def forget(self, request_id: str) -> None:
         self._deferred.pop(request_id, None)
-

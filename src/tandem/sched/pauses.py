@@ -2,10 +2,11 @@
 
 The scheduler delegates here. On `pause`, the KV policy chooses preserve / swap / discard for the
 request (swap within a per-step block budget and free host space); a swap-out's copies wait until
-its device blocks are reused (tandem.kv: the plan of the step that reuses them carries them). On `resume`, the tool result's tokens join
-the request's context as tokens to compute (not output) and the request rejoins the waiting
-queue; a swapped request is swapped back in when admitted. When the scheduler needs blocks that
-a paused or waiting request kept, `evict` frees them (recomputed when the request runs).
+its device blocks are reused (tandem.kv: the plan of the step that reuses them carries them). On
+`resume`, the tool result's tokens join the request's context as tokens to compute (not output)
+and the request rejoins the waiting queue; a swapped request is swapped back in when admitted.
+When the scheduler needs blocks that a paused or waiting request kept, `evict` frees them
+(recomputed when the request runs).
 """
 
 from __future__ import annotations

@@ -248,7 +248,8 @@ class Scheduler:
         budget -= drafted
         admit = min(budget, limit)          # (= budget unless admissions_only: then limit caps admissions)
         if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
-            left, gate = self._schedule_waiting(plan, admit, now, skip=self.composition.may_defer if yielding else None)
+            skip = self.composition.may_defer if yielding else None
+            left, gate = self._schedule_waiting(plan, admit, now, skip=skip)
             budget -= admit - left
             if yielding:
                 self._settle_yielded(plan, held, budget, min(budget, left), gate, now)
@@ -273,7 +274,8 @@ class Scheduler:
         if len(self.running) + len(new) > self.config.max_num_seqs:
             return False
         need = sum(r.num_tokens - r.num_computed_tokens for r in new)
-        running = sum(r.num_tokens - r.num_computed_tokens for r in self.running if not self.composition.may_defer(r))
+        running = sum(r.num_tokens - r.num_computed_tokens for r in self.running
+                      if not self.composition.may_defer(r))
         return need <= limit and running + need <= step
 
     def _oldest_first_token_wait(self, now: float) -> float:
@@ -281,7 +283,8 @@ class Scheduler:
         starts = [r.times.arrival for r in itertools.chain(self.waiting, self.running) if r.times.first_token is None]
         return now - min(starts) if starts else 0.0
 
-    def _schedule_running(self, plan: StepPlan, budget: int, now: float, held: list[Request] | None = None) -> int:
+    def _schedule_running(self, plan: StepPlan, budget: int, now: float,
+                          held: list[Request] | None = None) -> int:
         """`held`: collects, instead of scheduling them, the running prefills that may yield."""
         i = 0
         while i < len(self.running) and budget > 0:
