@@ -20,6 +20,8 @@ Pure bookkeeping: no torch, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tandem.types import Request
 
 
@@ -39,6 +41,31 @@ class FirstTokensFirst:
         return (request.times.first_token is not None
                 and request.num_tokens - request.num_computed_tokens > 1
                 and self._deferred.get(request.request_id) != self._resume(request))
+
+    def may_not_defer(self, request: Request) -> bool:
+        return not self.may_defer(request)
+
+    def all_fit(self, waiting: list[Request], running: list[Request], max_num_seqs: int, step: int,
+                limit: int) -> bool:
+        """Some prompt awaits its first token, and all of them fit this step (`step` tokens, `limit`
+        of them for admissions) beside the running requests' tokens that do not yield (prefix cache
+        hits not counted): the step can serve them all. Past that (a queue of prompts, an
+        overload) yielding would only reorder the queue."""
+        new = [r for r in waiting if r.times.first_token is None]
+        if not new and all(r.times.first_token is not None for r in running):
+            return False
+        if len(running) + len(new) > max_num_seqs:
+            return False
+        need = sum(r.num_tokens - r.num_computed_tokens for r in new)
+        kept = sum(r.num_tokens - r.num_computed_tokens for r in running if not self.may_defer(r))
+        return need <= limit and kept + need <= step
+
+    @staticmethod
+    def all_served(planned: Iterable[Request], waiting: list[Request]) -> bool:
+        """The step serves some prompt's first token, and no prompt awaiting one is left waiting:
+        then the prefills that could yield do."""
+        return any(r.times.first_token is None for r in planned) \
+            and all(r.times.first_token is not None for r in waiting)
 
     def defer(self, request: Request) -> None:
         """`request` waits this step for a first token that the step serves."""

@@ -240,7 +240,8 @@ class Scheduler:
         plan = StepPlan()
         # Prefills behind a first token that may yield this step to prompts' first tokens (see
         # sched/composition.py): running ones are held here, waiting ones left in the queue.
-        yielding = self.policy.first_tokens_first and self._first_tokens_fit(step, limit)
+        yielding = self.policy.first_tokens_first and self.composition.all_fit(
+            self.waiting, self.running, self.config.max_num_seqs, step, limit)
         held: list[Request] = []
         budget = self._schedule_running(plan, step, now, held if yielding else None)
         drafted = self.drafts.assign(plan, self.requests, budget)
@@ -248,8 +249,8 @@ class Scheduler:
         budget -= drafted
         admit = min(budget, limit)          # (= budget unless admissions_only: then limit caps admissions)
         if not plan.preempted_ids or not self.running:   # (a step that preempted all still runs)
-            skip = self.composition.may_defer if yielding else None
-            left, gate = self._schedule_waiting(plan, admit, now, skip=skip)
+            select = self.composition.may_not_defer if yielding else None
+            left, gate = self._schedule_waiting(plan, admit, now, select)
             budget -= admit - left
             if yielding:
                 self._settle_yielded(plan, held, budget, min(budget, left), gate, now)
@@ -263,20 +264,6 @@ class Scheduler:
         self.pauses.end_step()
         self._step_started = now
         return plan
-
-    def _first_tokens_fit(self, step: int, limit: int) -> bool:
-        """Some prompt awaits its first token, and all of them fit this step beside the running
-        requests' tokens that do not yield (prefix cache hits not counted): the step can serve them
-        all. Past that (a queue of prompts, an overload) yielding would only reorder the queue."""
-        new = [r for r in self.waiting if r.times.first_token is None]
-        if not new and all(r.times.first_token is not None for r in self.running):
-            return False
-        if len(self.running) + len(new) > self.config.max_num_seqs:
-            return False
-        need = sum(r.num_tokens - r.num_computed_tokens for r in new)
-        running = sum(r.num_tokens - r.num_computed_tokens for r in self.running
-                      if not self.composition.may_defer(r))
-        return need <= limit and running + need <= step
 
     def _oldest_first_token_wait(self, now: float) -> float:
         """Seconds the longest-waiting request without a first token has waited (0 if none)."""
@@ -310,12 +297,12 @@ class Scheduler:
                 i += 1
         return budget
 
-    def _schedule_waiting(self, plan: StepPlan, budget: int, now: float, skip=None, only=None,
+    def _schedule_waiting(self, plan: StepPlan, budget: int, now: float, select=None,
                           gate: str = "open") -> tuple[int, str]:
-        """Admit waiting requests in the ordering's order. `skip(request)`: leave it in the queue;
-        `only`: consider just these. `gate`: "open", or "blocked" (a higher-ranked request waits for
-        free blocks: only requests holding KV pass) or "closed" (none may pass), as a previous pass
-        left it. Returns the budget left and the gate."""
+        """Admit waiting requests in the ordering's order; `select(request)` False: leave it in the
+        queue, unconsidered. `gate`: "open", or "blocked" (a higher-ranked request waits for free
+        blocks: only requests holding KV pass) or "closed" (none may pass), as a previous pass left
+        it. Returns the budget left and the gate."""
         self._starved &= {r.request_id for r in self.running}
         i = 0                                   # the next candidate
         blocked = gate == "blocked"
@@ -323,7 +310,7 @@ class Scheduler:
             return budget, gate
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[i]
-            if (skip is not None and skip(request)) or (only is not None and request.request_id not in only):
+            if select is not None and not select(request):
                 i += 1
                 continue
             if blocked and not self.kv.num_blocks_of(request.request_id):
@@ -381,8 +368,7 @@ class Scheduler:
         not, they run now after all, within the step's `budget` left (and `admit` for admissions);
         a running one that finds no free blocks waits one step, as if deferred."""
         waiting = [r for r in self.waiting if self.composition.may_defer(r)]
-        if any(self.requests[s.request_id].times.first_token is None for s in plan.seqs) \
-                and all(r.times.first_token is not None for r in self.waiting):
+        if self.composition.all_served((self.requests[s.request_id] for s in plan.seqs), self.waiting):
             for request in held + waiting:
                 self.composition.defer(request)
             return
@@ -395,7 +381,7 @@ class Scheduler:
             else:       # (next step it runs at its rank, free to preempt for blocks)
                 self.composition.defer(request)
         if waiting and len(self.running) < self.config.max_num_seqs:
-            self._schedule_waiting(plan, admit, now, only={r.request_id for r in waiting}, gate=gate)
+            self._schedule_waiting(plan, admit, now, self.composition.may_defer, gate)
 
     def _release_kv_for(self, head: Request) -> bool:
         """The head lacks free blocks. If nothing runs, free KV that paused requests preserve or
