@@ -31,3 +31,34 @@ def q8_0_blocks(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, n
     raw = np.concatenate([d.view(np.uint8).reshape(n, nb, 2), q.view(np.uint8)], axis=2)
     w = d.astype(np.float32)[..., None] * q.astype(np.float32)
     return raw.reshape(n, nb * 34), w.reshape(n, k)
+
+
+def q6_k_values(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K rows (uint8 [n, k/256*210], ggml's block_q6_K: ql[128], qh[64], int8 scales[16],
+    float16 d) decoded: q int64 [n, k] in 0..63, scales int64 [n, k/16], d float32 [n, k/256]."""
+    n = raw.shape[0]
+    b = raw.reshape(n, k // 256, 210)
+    ql, qh = b[..., :128].astype(np.int64), b[..., 128:192].astype(np.int64)
+    q = np.empty((n, k // 256, 256), dtype=np.int64)
+    for half in range(2):
+        lo, hi, o = ql[..., 64 * half:64 * half + 64], qh[..., 32 * half:32 * half + 32], 128 * half
+        q[..., o:o + 32] = (lo[..., :32] & 15) | ((hi & 3) << 4)
+        q[..., o + 32:o + 64] = (lo[..., 32:] & 15) | (((hi >> 2) & 3) << 4)
+        q[..., o + 64:o + 96] = (lo[..., :32] >> 4) | (((hi >> 4) & 3) << 4)
+        q[..., o + 96:o + 128] = (lo[..., 32:] >> 4) | (((hi >> 6) & 3) << 4)
+    scales = b[..., 192:208].copy().view(np.int8).astype(np.int64).reshape(n, k // 16)
+    d = b[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    return q.reshape(n, k), scales, d
+
+
+def q6_k_blocks(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random Q6_K rows (uint8 [n, k/256*210]; scales over all of int8, -128 included) and the
+    float32 weights they encode (d sc (q - 32))."""
+    ns = k // 256
+    bits = rng.integers(0, 256, (n, ns, 192), dtype=np.uint8)
+    scales = rng.integers(-128, 128, (n, ns, 16), dtype=np.int8)
+    d = rng.uniform(1e-5, 4e-4, (n, ns)).astype(np.float16)
+    raw = np.concatenate([bits, scales.view(np.uint8), d.view(np.uint8).reshape(n, ns, 2)], axis=2).reshape(n, ns * 210)
+    q, sc, dd = q6_k_values(raw, k)
+    w = np.repeat(dd, 256, axis=1) * np.repeat(sc, 16, axis=1).astype(np.float32) * (q - 32).astype(np.float32)
+    return raw, w.astype(np.float32)

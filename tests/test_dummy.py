@@ -167,6 +167,37 @@ def test_dummy_gguf_reads_back_with_llama_cpps_types(tiny_q4_k_m):
         assert np.isfinite(w).all() and 0.015 < float(w.std()) < 0.025 and abs(float(w.mean())) < 2e-3
 
 
+def test_q6_k_layers_run_the_8_bit_kernel_from_their_own_blocks(tiny_q4_k_m, monkeypatch, tmp_path):
+    """In a Q4_K_M file the Q6_K layers (LM head, ffn_down where use_more_bits) get Q6_K records,
+    not Q8_0; a fused layer of mixed types (Q4_K q/k with a Q6_K v) runs Q8_0, Q4_K runs as Q4_1.
+    The head computes the file's weights times x rounded to 8 bits per block of 32."""
+    import sys
+
+    import gguf
+
+    from tandem.models import fetch, gguf_load
+    from tandem.models.quant import Q6_K_I8, QTYPES
+    from tandem.runner.kernels import load_cpu_kernels, make_ops
+
+    kernels = load_cpu_kernels()
+    if kernels is None or not kernels.i8_linear_available():
+        pytest.skip("the 8-bit kernel needs Tandem's CPU kernels on an AVX2 CPU")
+    path, cfg = tiny_q4_k_m
+    monkeypatch.setattr(fetch, "cache_dir", lambda: tmp_path)
+    model_dir = fetch.resolve_model(str(path), progress=False)
+    monkeypatch.setattr(gguf_load, "choose_rows", lambda layers: (0, sys.maxsize))      # 8-bit at every size
+    model, _ = gguf_load.load_gguf_model(model_dir, path, torch.float32, 64, make_ops(torch.device("cpu")), "int8")
+    q4, q8 = QTYPES["Q4_1"], QTYPES["Q8_0"]
+    assert [[getattr(layer, a).quant.i8_qtype for a in ("qkv", "o", "gate_up", "down")] for layer in model.layers] \
+        == [[q4, q4, q4, q4], [q4, q4, q4, q4], [q8, q4, q4, Q6_K_I8], [q8, q4, q4, Q6_K_I8]]
+    assert model.lm_head.quant.i8_qtype == Q6_K_I8 and model.lm_head.float_released
+    head = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "output.weight")
+    w = torch.from_numpy(gguf.quants.dequantize(head.data, head.tensor_type)).double()        # [vocab, 256]
+    x = torch.randn(3, cfg["hidden_size"], generator=torch.Generator().manual_seed(0))
+    exact = x.double() @ w.T
+    assert torch.linalg.norm(model.lm_head(x).double() - exact) < 0.02 * torch.linalg.norm(exact)
+
+
 @pytest.mark.slow
 def test_tandem_serves_a_dummy_gguf(tiny_q4_k_m):
     path, cfg = tiny_q4_k_m

@@ -1,5 +1,5 @@
-"""The 8-bit-activation kernel on GGUF blocks: llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 arithmetic
-against a NumPy reference, bfloat16 in and out, bad shapes, the layer's choice by row count, and
+"""The 8-bit-activation kernel on GGUF blocks: llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 arithmetic,
+and Q6_K from its own bits, against a NumPy reference, bfloat16 in and out, bad shapes, the layer's choice by row count, and
 the weight-only blocks it frees."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.quant_blocks import kernels, q4_1_blocks, q8_0_blocks
+from tests.quant_blocks import kernels, q4_1_blocks, q6_k_blocks, q6_k_values, q8_0_blocks
 
 i8_quant = pytest.mark.skipif(kernels is None or not kernels.i8_linear_available(),
                               reason="no AVX2 + FMA + F16C here")
@@ -52,13 +52,29 @@ def q8_0_reference(raw: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> n
     return (dots * d[None] * dx[:, None, :]).sum(2) + (0 if bias is None else bias.astype(np.float64))
 
 
+def q6_k_reference(raw: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """Q6_K against x rounded per block of 32 (as Q8_0): per 16 inputs an integer dot product of
+    q - 32 and qx, times that half's d sc rounded to float16 (the records' one rounding) and dx."""
+    n, k = raw.shape[0], x.shape[1]
+    nb = k // 32
+    q, sc, d = q6_k_values(raw, k)
+    dsc = (np.repeat(d, 16, axis=1) * sc.astype(np.float32)).astype(np.float16).astype(np.float64)   # [n, k/16]
+    qx, dx = round_x_to_8_bits(x, nb)
+    dots = np.einsum("rhk,nhk->rnh", qx.reshape(-1, 2 * nb, 16), (q - 32).reshape(n, 2 * nb, 16)).astype(np.float64)
+    y = (dots * dsc[None] * np.repeat(dx, 2, axis=1)[:, None, :]).sum(2)
+    return y + (0 if bias is None else bias.astype(np.float64))
+
+
 @i8_quant
-@pytest.mark.parametrize("qtype, make, reference", [(0, q4_1_blocks, q8_1_reference), (1, q8_0_blocks, q8_0_reference)],
-                         ids=["q4_1", "q8_0"])
+@pytest.mark.parametrize("qtype, make, reference", [(0, q4_1_blocks, q8_1_reference), (1, q8_0_blocks, q8_0_reference),
+                                                    (2, q6_k_blocks, q6_k_reference)],
+                         ids=["q4_1", "q8_0", "q6_k"])
 @pytest.mark.parametrize("n, k", [(80, 192), (8, 32), (37, 1536)])      # 37: a partial 8-row group
 @pytest.mark.parametrize("rows", [1, 3, 4, 17, 100])                    # 100: past a 96-row chunk
 def test_quant_linear_i8_is_llama_cpp_arithmetic(qtype, make, reference, n, k, rows):
-    """Q4_1 x Q8_1 and Q8_0 x Q8_0 (q = -128 included: |q| as unsigned, the sign moved to x)."""
+    """Q4_1 x Q8_1 and Q8_0 x Q8_0 (q = -128 included: |q| as unsigned, the sign moved to x), Q6_K
+    (q - 32 = -32 included; scales of either sign)."""
+    k = -(-k // 256) * 256 if qtype == 2 else k          # (Q6_K super-blocks are 256 wide)
     rng = np.random.default_rng(n + k + rows + 1000 * qtype)
     raw, w = make(rng, n, k)
     packed = kernels.quant_pack_i8(torch.from_numpy(raw), n, k, qtype)
@@ -77,7 +93,8 @@ def test_quant_linear_i8_is_llama_cpp_arithmetic(qtype, make, reference, n, k, r
 
 
 @i8_quant
-@pytest.mark.parametrize("qtype, make", [(0, q4_1_blocks), (1, q8_0_blocks)], ids=["q4_1", "q8_0"])
+@pytest.mark.parametrize("qtype, make", [(0, q4_1_blocks), (1, q8_0_blocks), (2, q6_k_blocks)],
+                         ids=["q4_1", "q8_0", "q6_k"])
 @pytest.mark.parametrize("rows", [1, 5, 100])
 def test_quant_linear_i8_takes_bfloat16_and_rounds_its_float32_sums_once(qtype, make, rows):
     """A bfloat16 model's small steps run the 8-bit kernel on its bf16 activations: the result is
@@ -128,6 +145,8 @@ def test_quant_linear_i8_rejects_bad_shapes_with_a_clear_error():
         kernels.quant_pack_i8(torch.from_numpy(raw), 8, 96, 0)
     with pytest.raises(RuntimeError, match="Q8_0 blocks"):
         kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 1)           # Q4_1 bytes read as Q8_0
+    with pytest.raises(RuntimeError, match="Q6_K blocks"):
+        kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 2)           # Q6_K super-blocks are 256 wide
     with pytest.raises(RuntimeError, match="qtype"):
         kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 7)
     packed = kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 0)

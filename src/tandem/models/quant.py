@@ -16,7 +16,8 @@ still wins.
 
 With `activations="int8"` (quantization "gguf", llama.cpp's arithmetic) the Q4_1 and Q8_0 layers of
 a float32 or bfloat16 model (the default model's LM head is its Q8_0 embedding table) are also repacked for
-`quant_linear_i8` (csrc/quant_i8.cpp): each call rounds x to 8 bits per block of 32 (Q8_1 / Q8_0),
+`quant_linear_i8` (csrc/quant_i8.cpp), and so are layers whose blocks are all Q6_K, from their own
+6-bit values (`Q6_K_I8` records: 7 bits a weight, where Q8_0 takes 8.5): each call rounds x to 8 bits per block of 32 (Q8_1 / Q8_0),
 as llama.cpp and vLLM's GGUF kernels do, and runs an integer dot product (VPMADDUBSW) that does
 four times the multiply-adds of a float32 FMA per instruction. That is not the float32 function
 any more (relative error ~0.5% per layer, from the rounding of x), so it is a mode of its own;
@@ -40,6 +41,7 @@ import torch
 
 log = logging.getLogger("tandem.quant")
 QTYPES = {"Q4_1": 0, "Q8_0": 1}
+Q6_K_I8 = 2         # quant_pack_i8's record type for Q6_K blocks (the 8-bit kernel runs them from their own bits)
 _ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 _I8_ROWS = (1, 2, 4, 8, 16, 64, 256)   # fine where bfloat16 kernels take over at a few rows
 _I8_COMPUTE_ROWS = 64     # from here steps are compute-bound: a few layers time the shape (load stays short)
@@ -59,12 +61,14 @@ class QuantWeight:
     packed_bf16: bool = False
     i8: torch.Tensor | None = None   # quant_pack_i8's records (float32 or bfloat16 models, activations="int8")
     i8_max_rows: int = 0             # steps of at most this many rows use quant_linear_i8
+    i8_qtype: int = 0                # the records' type: `qtype`, or Q6_K_I8 for a layer of Q6_K blocks
 
 
 # GGUF types the kernels take after a repack at load, one tensor at a time: to Q4_1 records exactly
 # (Q4_0: m = -8 d; Q4_K: each 32-weight sub-block's 6-bit scale and min folded into a Q4_1 block's
 # float16 d and m, rounded to float16 as the only change), or, for 5- and 6-bit types, requantized
 # to Q8_0 (8 bits per weight, one scale per 32; the rounding adds ~1/254 of a block's largest weight).
+# The 8-bit kernel runs a layer of Q6_K blocks from the file's bits instead (attach_blocks).
 REPACKED = {"Q4_0": 0, "Q4_K": 0, "Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 1}
 
 
@@ -168,7 +172,16 @@ def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], op
         linear.quant = QuantWeight(data, qtype, k)
     if activations == "int8" and getattr(ops, "i8_linear_available", lambda: False)() \
             and linear.dtype in (torch.float32, torch.bfloat16):
-        linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k, qtype)
+        if all(tensors[name].tensor_type.name == "Q6_K" for name, _ in parts) and k % 256 == 0:
+            # Q6_K runs from its own bits (7 bits a weight in records, not Q8_0's 8.5)
+            raw = [np.asarray(tensors[name].data) for name, _ in parts]
+            raw = [unpermute_qk(r, heads) if heads else r for r, (_, heads) in zip(raw, parts)]
+            six = torch.from_numpy(np.ascontiguousarray(np.concatenate(raw, axis=0)))
+            linear.quant.i8 = ops.quant_pack_i8(six, linear.out_features, k, Q6_K_I8)
+            linear.quant.i8_qtype = Q6_K_I8
+        else:
+            linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k, qtype)
+            linear.quant.i8_qtype = qtype
     linear.quant_ops = ops
     return True
 

@@ -19,13 +19,24 @@
 // it multiplies |q| by qx carrying q's sign (VPSIGNB), and each vector's pair sums go to 32 bits
 // at once (2 x 127 x 127 fits 16 bits, four of them would not).
 //
+// Q6_K blocks (llama.cpp's K-quant of 6 bits: 256 weights share a float16 d, each 16 of them an
+// int8 scale, w = d sc (q - 32) with q in 0..63) run from their own bits, not requantized to Q8_0:
+// per 32 weights a record keeps q's low 4 bits as Q4_1's do, its high 2 bits, and the two halves'
+// d sc in float16 (the one rounding: d sc to float16), 7 bits per weight instead of Q8_0's 8.5.
+// q - 32 lies in -32..31: as with Q8_0, VPMADDUBSW takes |q - 32| and moves the sign to x, and a
+// half's four vectors of pair sums stay exact in 16 bits (4 x 2 x 32 x 127 = 32,512). The halves
+// (inputs 0..15 and 16..31, the low and high nibbles) keep their own sums, one scale each.
+//
 // Layout, packed once at load (quant_pack_i8): groups of 8 output rows; per group and block one
 // record. Q4_1, 160 bytes: 4 vectors of 32 bytes, vector v holding, for row j of the group, the q of
 // inputs 4v..4v+3 (low nibbles) and 16+4v..16+4v+3 (high nibbles) in bytes 4j..4j+3; then the 8
 // rows' d and then their m as float16 (the blocks' own bits: GGML's 20 bytes per 32 weights).
 // Broadcasting 4 bytes of qx against a vector gives 8 rows' partial dot products at once, lane j
 // for row j. Q8_0, 272 bytes: 8 vectors, vector v holding row j's q of
-// inputs 4v..4v+3 in bytes 4j..4j+3, then the 8 rows' d as float16.
+// inputs 4v..4v+3 in bytes 4j..4j+3, then the 8 rows' d as float16. Q6_K, 224 bytes: Q4_1's 4
+// vectors of low 4 bits; 2 vectors of high 2 bits, vector u holding in byte 4j+t the bits of
+// inputs 8u+t, 16+8u+t, 8u+4+t and 16+8u+4+t (bits 0-1, 2-3, 4-5, 6-7); the 8 rows' d sc of
+// inputs 0..15, then of 16..31, as float16.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -41,9 +52,17 @@
 namespace {
 
 constexpr int64_t kGroup = 8, kBlock = 32;
-constexpr int kQ4_1 = 0, kQ8_0 = 1;                  // tandem.models.quant.QTYPES
-constexpr int64_t record_bytes(int qtype) { return qtype == kQ4_1 ? 160 : 272; }
+constexpr int kQ4_1 = 0, kQ8_0 = 1, kQ6_K = 2;      // tandem.models.quant.QTYPES
+constexpr int64_t record_bytes(int qtype) { return qtype == kQ4_1 ? 160 : qtype == kQ8_0 ? 272 : 224; }
+// Bytes of the file's blocks per 32 weights (a Q6_K super-block of 256 is 210 bytes).
+constexpr int64_t kSuper = 256, kQ6_KBytes = 210;
 constexpr int64_t source_block_bytes(int qtype) { return qtype == kQ4_1 ? 20 : 34; }
+constexpr bool valid_qtype(int64_t q) { return q == kQ4_1 || q == kQ8_0 || q == kQ6_K; }
+constexpr const char* qtype_name(int64_t q) { return q == kQ4_1 ? "Q4_1" : q == kQ8_0 ? "Q8_0" : "Q6_K"; }
+// Bytes per row of the file's blocks for K inputs.
+constexpr int64_t source_row_bytes(int64_t qtype, int64_t k) {
+  return qtype == kQ6_K ? k / kSuper * kQ6_KBytes : k / kBlock * source_block_bytes(static_cast<int>(qtype));
+}
 constexpr int64_t kPrefetch = 2048;  // bytes ahead of the record being read
 constexpr int64_t kChunkRows = 96;   // rows per pass over the weights: their qx (<= 150 KB) stay in L2
 
@@ -193,11 +212,55 @@ inline void tile_q8_0(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const floa
   store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
 }
 
+// MR rows of qx against one group's Q6_K records: 8 outputs per row.
+template <int MR, typename Y>
+inline void tile_q6_k(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* /*sx*/,
+                      const uint8_t* rec, const float* bias, int64_t cols) {
+  const int64_t nb = k / kBlock;
+  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32),
+                ones = _mm256_set1_epi16(1);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t b = 0; b < nb; ++b, rec += record_bytes(kQ6_K)) {
+    const int8_t* x0 = qx + b * kBlock;
+    prefetch_ahead<4>(rec);     // a 224-byte record spans up to 4 lines
+    __m256i l0 = _mm256_setzero_si256(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+    for (int v = 0; v < 4; ++v) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * v));
+      const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128 + 32 * (v >> 1)));
+      // high 2 bits to bits 4-5: from bits 0-1 / 2-3 (even v) or 4-5 / 6-7 (odd v) of each byte
+      const __m256i hl = _mm256_and_si256(v & 1 ? hv : _mm256_slli_epi16(hv, 4), two);
+      const __m256i hh = _mm256_and_si256(v & 1 ? _mm256_srli_epi16(hv, 2) : _mm256_slli_epi16(hv, 2), two);
+      const __m256i lo = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(wv, low), hl), off);
+      const __m256i hi = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(wv, 4), low), hh), off);
+      const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+#define TANDEM_I8_ROW(R, L, H)                                                                               \
+      if constexpr (MR > R) {                                                                                \
+        L = _mm256_add_epi16(L, _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast4(x0 + R * k + 4 * v), lo)));  \
+        H = _mm256_add_epi16(H, _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast4(x0 + R * k + 16 + 4 * v), hi))); \
+      }
+      TANDEM_I8_ROW(0, l0, h0) TANDEM_I8_ROW(1, l1, h1) TANDEM_I8_ROW(2, l2, h2) TANDEM_I8_ROW(3, l3, h3)
+#undef TANDEM_I8_ROW
+    }
+    const __m256 dl = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 192)));
+    const __m256 dh = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 208)));
+#define TANDEM_I8_FIN(R, A, L, H)                                                                              \
+    if constexpr (MR > R) {                                                                                    \
+      const __m256 s = _mm256_set1_ps(dx[R * nb + b]);                                                         \
+      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(L, ones)), _mm256_mul_ps(dl, s), A);            \
+      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(H, ones)), _mm256_mul_ps(dh, s), A);            \
+    }
+    TANDEM_I8_FIN(0, a0, l0, h0) TANDEM_I8_FIN(1, a1, l1, h1) TANDEM_I8_FIN(2, a2, l2, h2) TANDEM_I8_FIN(3, a3, l3, h3)
+#undef TANDEM_I8_FIN
+  }
+  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
+}
+
 template <int MR, typename Y>
 inline void tile(int qtype, Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                  const uint8_t* rec, const float* bias, int64_t cols) {
   if (qtype == kQ4_1) tile_q4_1<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
-  else tile_q8_0<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
+  else if (qtype == kQ8_0) tile_q8_0<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
+  else tile_q6_k<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
 }
 #endif
 
@@ -211,22 +274,74 @@ bool i8_linear_available() {
 #endif
 }
 
-// GGML Q4_1 (qtype 0) or Q8_0 (qtype 1) blocks uint8 [N, K/32 * 20 | 34] -> uint8
-// [ceil(N/8), K/32 * 160 | 272] records (rows past N zero).
+#ifdef TANDEM_QUANT_I8
+namespace {
+
+// One Q6_K super-block (ggml's block_q6_K: ql[128], qh[64], int8 scales[16], float16 d) -> its 256
+// q (0..63) in input order and its 16 scales times d.
+void decode_q6_k(const uint8_t* blk, uint8_t* q, float* dsc) {
+  const float d = static_cast<float>(c10::Half(*reinterpret_cast<const uint16_t*>(blk + 208), c10::Half::from_bits()));
+  for (int n = 0; n < 2; ++n) {
+    const uint8_t* ql = blk + 64 * n;
+    const uint8_t* qh = blk + 128 + 32 * n;
+    for (int l = 0; l < 32; ++l) {
+      q[128 * n + l] = static_cast<uint8_t>((ql[l] & 0x0F) | ((qh[l] & 3) << 4));
+      q[128 * n + l + 32] = static_cast<uint8_t>((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+      q[128 * n + l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      q[128 * n + l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+  for (int i = 0; i < 16; ++i) dsc[i] = d * static_cast<float>(static_cast<int8_t>(blk[192 + i]));
+}
+
+// Row j's part of a Q6_K record for inputs q[0..31] (see the layout above).
+void pack_q6_k_row(uint8_t* rec, int64_t j, const uint8_t* q, float dlo, float dhi) {
+  for (int v = 0; v < 4; ++v)
+    for (int t = 0; t < 4; ++t) {
+      rec[32 * v + 4 * j + t] = static_cast<uint8_t>((q[4 * v + t] & 0x0F) | ((q[16 + 4 * v + t] & 0x0F) << 4));
+      const int shift = 4 * (v & 1);
+      rec[128 + 32 * (v >> 1) + 4 * j + t] |=
+          static_cast<uint8_t>((((q[4 * v + t] >> 4) & 3) | (((q[16 + 4 * v + t] >> 4) & 3) << 2)) << shift);
+    }
+  const uint16_t lo = c10::Half(dlo).x, hi = c10::Half(dhi).x;
+  std::memcpy(rec + 192 + 2 * j, &lo, 2);
+  std::memcpy(rec + 208 + 2 * j, &hi, 2);
+}
+
+}  // namespace
+#endif
+
+// GGML Q4_1 (qtype 0), Q8_0 (qtype 1) or Q6_K (qtype 2) blocks uint8 [N, K/32 * 20 | K/32 * 34 |
+// K/256 * 210] -> uint8 [ceil(N/8), K/32 * 160 | 272 | 224] records (rows past N zero).
 torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k, int64_t qtype) {
-  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "quant_pack_i8: qtype must be 0 (Q4_1) or 1 (Q8_0), got ", qtype);
+  TORCH_CHECK(valid_qtype(qtype), "quant_pack_i8: qtype must be 0 (Q4_1), 1 (Q8_0) or 2 (Q6_K), got ", qtype);
   TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.scalar_type() == at::kByte && data.dim() == 2,
               "quant_pack_i8: data must be contiguous uint8 [N, row bytes] on CPU");
-  const int64_t src_block = source_block_bytes(static_cast<int>(qtype)), record = record_bytes(static_cast<int>(qtype));
-  TORCH_CHECK(k % kBlock == 0 && data.size(0) == n && data.size(1) == k / kBlock * src_block,
-              "quant_pack_i8: data does not hold [N, K] ", qtype == kQ4_1 ? "Q4_1" : "Q8_0", " blocks");
+  const int64_t src_row = source_row_bytes(qtype, k), record = record_bytes(static_cast<int>(qtype));
+  TORCH_CHECK(k % (qtype == kQ6_K ? kSuper : kBlock) == 0 && data.size(0) == n && data.size(1) == src_row,
+              "quant_pack_i8: data does not hold [N, K] ", qtype_name(qtype), " blocks");
 #ifndef TANDEM_QUANT_I8
   TORCH_CHECK(false, "quant_pack_i8: this build has no AVX2 + FMA + F16C");
 #else
-  const int64_t nb = k / kBlock, groups = (n + kGroup - 1) / kGroup;
+  const int64_t nb = k / kBlock, groups = (n + kGroup - 1) / kGroup, src_block = source_block_bytes(static_cast<int>(qtype));
   auto out = torch::zeros({groups, nb * record}, torch::dtype(torch::kUInt8));
   const uint8_t* src = data.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
+  if (qtype == kQ6_K) {
+    at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
+      uint8_t q[kSuper];
+      float dsc[16];
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t j = 0; j < kGroup && g * kGroup + j < n; ++j)
+          for (int64_t sb = 0; sb < k / kSuper; ++sb) {
+            decode_q6_k(src + (g * kGroup + j) * src_row + sb * kQ6_KBytes, q, dsc);
+            for (int64_t t = 0; t < kSuper / kBlock; ++t)
+              pack_q6_k_row(dst + (g * nb + sb * (kSuper / kBlock) + t) * record, j, q + kBlock * t, dsc[2 * t],
+                            dsc[2 * t + 1]);
+          }
+    });
+    return out;
+  }
   at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       for (int64_t b = 0; b < nb; ++b) {
@@ -293,7 +408,7 @@ void linear_i8(const T* xp, T* yp, int64_t m, int64_t k, int64_t n, int q, const
 // x's dtype) or none. Returns [..., N] in x's dtype (bfloat16 rounded once, from the float32 sums).
 torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n,
                               int64_t qtype) {
-  TORCH_CHECK(qtype == kQ4_1 || qtype == kQ8_0, "quant_linear_i8: qtype must be 0 (Q4_1) or 1 (Q8_0), got ", qtype);
+  TORCH_CHECK(valid_qtype(qtype), "quant_linear_i8: qtype must be 0 (Q4_1), 1 (Q8_0) or 2 (Q6_K), got ", qtype);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || bf16),
               "quant_linear_i8: x must be float32 or bfloat16 on CPU");
@@ -327,6 +442,6 @@ torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<to
 
 void register_quant_i8(pybind11::module_& m) {
   m.def("i8_linear_available", &i8_linear_available, "whether quant_linear_i8 runs here (AVX2 + FMA + F16C)");
-  m.def("quant_pack_i8", &quant_pack_i8, "GGML Q4_1 or Q8_0 blocks -> 8-row records for quant_linear_i8");
-  m.def("quant_linear_i8", &quant_linear_i8, "x @ W^T (+ bias), W in Q4_1 or Q8_0 records, x rounded to 8 bits per block (Q8_1 / Q8_0)");
+  m.def("quant_pack_i8", &quant_pack_i8, "GGML Q4_1, Q8_0 or Q6_K blocks -> 8-row records for quant_linear_i8");
+  m.def("quant_linear_i8", &quant_linear_i8, "x @ W^T (+ bias), W in Q4_1, Q8_0 or Q6_K records, x rounded to 8 bits per block (Q8_1 / Q8_0)");
 }
