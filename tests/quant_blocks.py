@@ -62,3 +62,32 @@ def q6_k_blocks(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, n
     q, sc, dd = q6_k_values(raw, k)
     w = np.repeat(dd, 256, axis=1) * np.repeat(sc, 16, axis=1).astype(np.float32) * (q - 32).astype(np.float32)
     return raw, w.astype(np.float32)
+
+
+def q4_k_values(raw: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K rows (uint8 [n, k/256*144], ggml's block_q4_K) decoded: q int64 [n, k] in 0..15, the
+    sub-blocks' scales and mins int64 [n, k/32], d and dmin float32 [n, k/256]."""
+    import gguf
+
+    n = raw.shape[0]
+    b = raw.reshape(-1, 144)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(n, k // 256)
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(n, k // 256)
+    sc, mn = gguf.quants.Q4_K.get_scale_min(b[:, 4:16].copy())
+    q = (b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & np.uint8(15)
+    return (q.reshape(n, k).astype(np.int64), sc.reshape(n, k // 32).astype(np.int64),
+            mn.reshape(n, k // 32).astype(np.int64), d, dmin)
+
+
+def q4_k_blocks(rng: np.random.Generator, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random Q4_K rows (uint8 [n, k/256*144]) and the float32 weights they encode (d sc q - dmin m)."""
+    ns = k // 256
+    d = rng.uniform(1e-4, 1e-3, (n, ns)).astype(np.float16)
+    dmin = rng.uniform(1e-4, 2e-3, (n, ns)).astype(np.float16)
+    bits = rng.integers(0, 256, (n, ns, 140), dtype=np.uint8)
+    raw = np.concatenate([d.view(np.uint8).reshape(n, ns, 2), dmin.view(np.uint8).reshape(n, ns, 2), bits],
+                         axis=2).reshape(n, ns * 144)
+    q, sc, mn, dd, dm = q4_k_values(raw, k)
+    w = (np.repeat(dd, 256, axis=1) * np.repeat(sc, 32, axis=1) * q
+         - np.repeat(dm, 256, axis=1) * np.repeat(mn, 32, axis=1))
+    return raw, w.astype(np.float32)

@@ -169,14 +169,16 @@ def test_dummy_gguf_reads_back_with_llama_cpps_types(tiny_q4_k_m):
 
 def test_q6_k_layers_run_the_8_bit_kernel_from_their_own_blocks(tiny_q4_k_m, monkeypatch, tmp_path):
     """In a Q4_K_M file the Q6_K layers (LM head, ffn_down where use_more_bits) get Q6_K records,
-    not Q8_0; a fused layer of mixed types (Q4_K q/k with a Q6_K v) runs Q8_0, Q4_K runs as Q4_1.
-    The head computes the file's weights times x rounded to 8 bits per block of 32."""
+    not Q8_0, and the Q4_K layers Q4_K records, not Q4_1; a fused layer of mixed types (Q4_K q/k
+    with a Q6_K v) keeps each part's own. The head and a Q4_K layer compute the file's weights
+    times x rounded to 8 bits per block of 32, and the decoder stack runs the mixed layers too."""
+    from test_gguf_load import assert_stack_matches_python_loop
     import sys
 
     import gguf
 
     from tandem.models import fetch, gguf_load
-    from tandem.models.quant import Q6_K_I8, QTYPES
+    from tandem.models.quant import Q4_K_I8, Q6_K_I8
     from tandem.runner.kernels import load_cpu_kernels, make_ops
 
     kernels = load_cpu_kernels()
@@ -187,15 +189,20 @@ def test_q6_k_layers_run_the_8_bit_kernel_from_their_own_blocks(tiny_q4_k_m, mon
     model_dir = fetch.resolve_model(str(path), progress=False)
     monkeypatch.setattr(gguf_load, "choose_rows", lambda layers: (0, sys.maxsize))      # 8-bit at every size
     model, _ = gguf_load.load_gguf_model(model_dir, path, torch.float32, 64, make_ops(torch.device("cpu")), "int8")
-    q4, q8 = QTYPES["Q4_1"], QTYPES["Q8_0"]
+    q4, q6 = Q4_K_I8, Q6_K_I8
     assert [[getattr(layer, a).quant.i8_qtype for a in ("qkv", "o", "gate_up", "down")] for layer in model.layers] \
-        == [[q4, q4, q4, q4], [q4, q4, q4, q4], [q8, q4, q4, Q6_K_I8], [q8, q4, q4, Q6_K_I8]]
+        == [[q4, q4, q4, q4], [q4, q4, q4, q4], [-1, q4, q4, q6], [-1, q4, q4, q6]]
+    mixed = ((q4, 256), (q4, 128), (q6, 128))                                 # q, k, v rows
+    assert [layer.qkv.quant.i8_parts for layer in model.layers] == [(), (), mixed, mixed]
     assert model.lm_head.quant.i8_qtype == Q6_K_I8 and model.lm_head.float_released
-    head = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "output.weight")
-    w = torch.from_numpy(gguf.quants.dequantize(head.data, head.tensor_type)).double()        # [vocab, 256]
-    x = torch.randn(3, cfg["hidden_size"], generator=torch.Generator().manual_seed(0))
-    exact = x.double() @ w.T
-    assert torch.linalg.norm(model.lm_head(x).double() - exact) < 0.02 * torch.linalg.norm(exact)
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    for linear, name in ((model.lm_head, "output.weight"), (model.layers[1].o, "blk.1.attn_output.weight")):
+        t = tensors[name]
+        w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)).double()
+        x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0))
+        exact = x.double() @ w.T
+        assert torch.linalg.norm(linear(x).double() - exact) < 0.02 * torch.linalg.norm(exact), name
+    assert_stack_matches_python_loop(model)
 
 
 @pytest.mark.slow

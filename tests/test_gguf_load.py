@@ -152,12 +152,18 @@ def test_the_fused_decoder_stack_gives_the_python_layer_loop_bit_for_bit(convert
     """A decode step through csrc/decoder_stack.cpp (one C++ call for all layers) computes exactly
     what LlamaModel.forward's Python loop computes, hidden states and KV writes alike; a model it
     does not fit (Qwen2's q/k/v bias) keeps the Python loop."""
+    model, _ = _load(converted, monkeypatch, (0, sys.maxsize))
+    assert_stack_matches_python_loop(model)
+
+
+def assert_stack_matches_python_loop(model) -> None:
+    """`model` (every layer on the 8-bit kernel at every size): decode steps through the decoder
+    stack equal the Python loop's, bit for bit, and so do the KV caches they write."""
     from tandem.runner.attention import AttentionBackend, PagedKVCache
     from tandem.runner.passes import ForwardPass
     from tandem.sampling_params import SamplingParams
     from tandem.types import ScheduledSeq
 
-    model, _ = _load(converted, monkeypatch, (0, sys.maxsize))
     cfg = model.cfg
     model.ops = make_ops(torch.device("cpu"))
     caches = [PagedKVCache(cfg.num_layers, 8, 16, cfg.num_kv_heads, cfg.head_dim, torch.float32, torch.device("cpu"))
@@ -217,3 +223,34 @@ def test_a_float_load_of_a_gguf_writes_its_float_weights_first(converted, tmp_pa
     model, how = load_weights(d, torch.float32, torch.device("cpu"), 64, "none")
     assert how == "float"
     assert (d / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
+
+
+def test_a_model_whose_float_copies_exceed_the_budget_holds_none(converted, monkeypatch):
+    """Past the float-copy budget (an 8B shape in bfloat16 on a 24 GiB machine) no layer is probed
+    and none holds float weights: the 8-bit kernel serves every step size, as it computes them."""
+    from tandem.models import gguf_load
+    from tandem.models.llama import Linear
+
+    def no_probe(layers):
+        raise AssertionError("a layer was probed for float weights past the budget")
+
+    monkeypatch.setattr(gguf_load, "float_copy_budget", lambda file_bytes: 0)
+    monkeypatch.setattr(gguf_load, "choose_rows", no_probe)
+    model_dir, source = converted
+    model, described = gguf_load.load_gguf_model(model_dir, source, torch.float32, 64, make_ops(torch.device("cpu")),
+                                                 "int8")
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.float_released and m.quant.i8_max_rows == sys.maxsize for m in linears)
+    assert f"{len(linears)} on the 8-bit kernel at every step size" in described
+    monkeypatch.undo()
+    want = _hidden_and_logits(_reference(converted, sys.maxsize), torch.tensor([3, 5, 7]))
+    assert torch.equal(_hidden_and_logits(model, torch.tensor([3, 5, 7])), want)
+
+
+def test_the_float_copy_budget_is_a_share_of_the_memory_beside_the_blocks(monkeypatch):
+    from tandem.models import gguf_load
+    from tandem.runner import device
+
+    monkeypatch.setattr(device, "available_memory_bytes", lambda d: 22 * 10**9)
+    assert gguf_load.float_copy_budget(4 * 10**9) == int(gguf_load.FLOAT_COPY_SHARE * 18 * 10**9)
+    assert gguf_load.float_copy_budget(30 * 10**9) == 0

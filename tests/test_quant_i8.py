@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.quant_blocks import kernels, q4_1_blocks, q6_k_blocks, q6_k_values, q8_0_blocks
+from tests.quant_blocks import kernels, q4_1_blocks, q4_k_blocks, q4_k_values, q6_k_blocks, q6_k_values, q8_0_blocks
 
 i8_quant = pytest.mark.skipif(kernels is None or not kernels.i8_linear_available(),
                               reason="no AVX2 + FMA + F16C here")
@@ -65,16 +65,30 @@ def q6_k_reference(raw: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> n
     return y + (0 if bias is None else bias.astype(np.float64))
 
 
+def q4_k_reference(raw: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """Q4_K as llama.cpp multiplies it, with x rounded per block of 32 (Q8_1): per sub-block
+    d sc dx sum(q qx) - dmin m dx sum(qx), in float64."""
+    n, k = raw.shape[0], x.shape[1]
+    nb = k // 32
+    q, sc, mn, d, dmin = q4_k_values(raw, k)
+    scale = np.repeat(d, 8, axis=1).astype(np.float64) * sc                   # [n, nb]
+    offset = np.repeat(dmin, 8, axis=1).astype(np.float64) * mn
+    qx, dx = round_x_to_8_bits(x, nb)
+    dots = np.einsum("rbk,nbk->rnb", qx, q.reshape(n, nb, 32)).astype(np.float64)
+    y = (dots * scale[None] * dx[:, None, :]).sum(2) - (offset[None] * (dx * qx.sum(2))[:, None, :]).sum(2)
+    return y + (0 if bias is None else bias.astype(np.float64))
+
+
 @i8_quant
 @pytest.mark.parametrize("qtype, make, reference", [(0, q4_1_blocks, q8_1_reference), (1, q8_0_blocks, q8_0_reference),
-                                                    (2, q6_k_blocks, q6_k_reference)],
-                         ids=["q4_1", "q8_0", "q6_k"])
+                                                    (2, q6_k_blocks, q6_k_reference), (3, q4_k_blocks, q4_k_reference)],
+                         ids=["q4_1", "q8_0", "q6_k", "q4_k"])
 @pytest.mark.parametrize("n, k", [(80, 192), (8, 32), (37, 1536)])      # 37: a partial 8-row group
 @pytest.mark.parametrize("rows", [1, 3, 4, 17, 100])                    # 100: past a 96-row chunk
 def test_quant_linear_i8_is_llama_cpp_arithmetic(qtype, make, reference, n, k, rows):
     """Q4_1 x Q8_1 and Q8_0 x Q8_0 (q = -128 included: |q| as unsigned, the sign moved to x), Q6_K
-    (q - 32 = -32 included; scales of either sign)."""
-    k = -(-k // 256) * 256 if qtype == 2 else k          # (Q6_K super-blocks are 256 wide)
+    (q - 32 = -32 included; scales of either sign), Q4_K."""
+    k = -(-k // 256) * 256 if qtype >= 2 else k          # (K-quant super-blocks are 256 wide)
     rng = np.random.default_rng(n + k + rows + 1000 * qtype)
     raw, w = make(rng, n, k)
     packed = kernels.quant_pack_i8(torch.from_numpy(raw), n, k, qtype)
@@ -93,8 +107,8 @@ def test_quant_linear_i8_is_llama_cpp_arithmetic(qtype, make, reference, n, k, r
 
 
 @i8_quant
-@pytest.mark.parametrize("qtype, make", [(0, q4_1_blocks), (1, q8_0_blocks), (2, q6_k_blocks)],
-                         ids=["q4_1", "q8_0", "q6_k"])
+@pytest.mark.parametrize("qtype, make", [(0, q4_1_blocks), (1, q8_0_blocks), (2, q6_k_blocks), (3, q4_k_blocks)],
+                         ids=["q4_1", "q8_0", "q6_k", "q4_k"])
 @pytest.mark.parametrize("rows", [1, 5, 100])
 def test_quant_linear_i8_takes_bfloat16_and_rounds_its_float32_sums_once(qtype, make, rows):
     """A bfloat16 model's small steps run the 8-bit kernel on its bf16 activations: the result is
@@ -147,6 +161,8 @@ def test_quant_linear_i8_rejects_bad_shapes_with_a_clear_error():
         kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 1)           # Q4_1 bytes read as Q8_0
     with pytest.raises(RuntimeError, match="Q6_K blocks"):
         kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 2)           # Q6_K super-blocks are 256 wide
+    with pytest.raises(RuntimeError, match="Q4_K blocks"):
+        kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 3)
     with pytest.raises(RuntimeError, match="qtype"):
         kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 7)
     packed = kernels.quant_pack_i8(torch.from_numpy(raw), 8, 64, 0)
@@ -212,3 +228,26 @@ def test_release_layer_frees_only_what_the_int8_kernel_made_unused():
     assert model.bounded._panels is not None and model.bounded.quant.data.numel() == 64 * 128 // 32 * 20
     assert torch.allclose(model.bounded(x), x @ torch.from_numpy(q4_1_blocks(np.random.default_rng(11), 64, 128)[1]).T,
                           atol=1e-4)                                    # 300 rows > 16: the dense path
+
+
+@i8_quant
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_a_fused_layer_of_mixed_types_runs_each_part_on_its_own_records(dtype, rows):
+    """Q4_K_M's q/k/v where v is Q6_K: one call over the parts' records back to back gives what
+    each part's own call gives, bit for bit (a part of 12 rows ends in a partial group of 8)."""
+    k, rng = 512, np.random.default_rng(rows)
+    parts = [(3, q4_k_blocks, 16), (2, q6_k_blocks, 8), (1, q8_0_blocks, 12), (3, q4_k_blocks, 12)]
+    packs = [(kernels.quant_pack_i8(torch.from_numpy(make(rng, n, k)[0]), n, k, qtype), qtype, n)
+             for qtype, make, n in parts]
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(dtype)
+    bias = torch.randn(sum(n for _, _, n in parts)).to(dtype)
+    flat = torch.cat([p.reshape(-1) for p, _, _ in packs])
+    got = kernels.quant_linear_i8_parts(x, flat, bias, [q for _, q, _ in packs], [n for _, _, n in packs])
+    want = torch.cat([kernels.quant_linear_i8(x, p, b, n, q)
+                      for (p, q, n), b in zip(packs, bias.split([n for _, _, n in packs]))], dim=1)
+    assert got.dtype == dtype and torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="records"):
+        kernels.quant_linear_i8_parts(x, flat[:-1], None, [q for _, q, _ in packs], [n for _, _, n in packs])
+    with pytest.raises(RuntimeError, match="one type per part"):
+        kernels.quant_linear_i8_parts(x, flat, None, [3, 2], [16])

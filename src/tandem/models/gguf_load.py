@@ -17,7 +17,10 @@ itself a tensor at a time (`GGUFWeights`), so the directory needs no model.safet
 converted for this path (tandem.models.fetch) holds config and tokenizer only, and gets its float
 weights written the first time a float load asks for them (`ensure_float_weights`). An LM head
 whose float copy would be large (LARGE_HEAD_BYTES: a 128k vocabulary) is not probed: it takes the
-verdict of the widest probed layer with the same input width.
+verdict of the widest probed layer with the same input width. Float copies of the linear layers
+are kept only where all of them fit a budget (`float_copy_budget`: half the memory free beside the
+file's blocks); a model too large for that, such as an 8B shape on a 24 GiB machine with bfloat16,
+holds its blocks alone and runs the 8-bit kernel at every step size.
 """
 
 from __future__ import annotations
@@ -64,7 +67,15 @@ def load_gguf_model(model_dir: Path, source: Path, dtype: torch.dtype, max_posit
     model.norm.data = w.get("model.norm.weight", (arch.hidden_size,))
     model.embed_table = RowTable(tensors["token_embd.weight"], dtype)
     model.head_table = RowTable(tensors[head_tensor(tensors)], dtype)
-    loader = _LinearLoader(tensors, w, ops, activations)
+    float_bytes = dtype.itemsize * sum(int(tensors[name].n_elements) for i in range(arch.num_layers)
+                                       for parts in gguf_parts(arch, i).values() for name, _ in parts if name in tensors)
+    float_bytes += dtype.itemsize * int(tensors[head_tensor(tensors)].n_elements)
+    budget = float_copy_budget(source.stat().st_size)
+    loader = _LinearLoader(tensors, w, ops, activations, float_copies=float_bytes <= budget)
+    if not loader.float_copies:
+        log.info("no float copies of the linear layers: they would take %.1f GB, over the %.1f GB budget "
+                 "(FLOAT_COPY_SHARE of the memory free beside the file's blocks); the 8-bit kernel serves "
+                 "every step size", float_bytes / 1e9, budget / 1e9)
     for i, layer in enumerate(model.layers):
         fill_norms(layer, i, arch, w)
         hf = linear_parts(arch, i)
@@ -83,6 +94,17 @@ def load_gguf_model(model_dir: Path, source: Path, dtype: torch.dtype, max_posit
 
 
 LARGE_HEAD_BYTES = 2**29     # an LM head whose float32 copy is larger is not probed (see the module docstring)
+FLOAT_COPY_SHARE = 0.5       # float copies of the linear layers may take this share of the memory beside the blocks
+
+
+def float_copy_budget(file_bytes: int) -> int:
+    """Bytes the linear layers' float copies (the dense path of large steps, where the 8-bit kernel
+    does not win them) may take: FLOAT_COPY_SHARE of the memory free now less the file's blocks,
+    so that the blocks, the copies and the KV cache (sized from the memory free before the load)
+    fit together. A model whose copies would not fit holds none."""
+    from tandem.runner.device import available_memory_bytes
+
+    return int(FLOAT_COPY_SHARE * max(0, available_memory_bytes(torch.device("cpu")) - file_bytes))
 
 
 class GGUFWeights:
@@ -115,19 +137,25 @@ class GGUFWeights:
 
 
 class _LinearLoader:
-    def __init__(self, tensors: dict, w: GGUFWeights, ops, activations: str) -> None:
+    def __init__(self, tensors: dict, w: GGUFWeights, ops, activations: str, float_copies: bool = True) -> None:
+        """`float_copies` False: a layer with the 8-bit kernel takes it at every step size, unprobed,
+        and never holds float weights (the model's copies would not fit in memory)."""
         self.tensors, self.w, self.ops, self.activations = tensors, w, ops, activations
+        self.float_copies = float_copies
         self.rows: dict[tuple[int, int], tuple[int, int]] = {}     # shape -> (max_rows, i8_max_rows)
         self.num_quantized = self.num_i8 = self.num_float = 0
 
     def load(self, linear: Linear, parts: list[tuple[str, int | None]], hf_parts: list) -> None:
-        if not attach_blocks(linear, self.tensors, parts, self.ops, self.activations):
+        if not attach_blocks(linear, self.tensors, parts, self.ops, self.activations, weight_only=self.float_copies):
             self._dense(linear, hf_parts)                  # a type without a kernel: float weights
             self.num_float += 1
             return
         self.num_quantized += 1
         shape = (linear.out_features, linear.in_features)
         probe = shape not in self.rows
+        if probe and not self.float_copies and linear.quant.i8 is not None:
+            self.rows[shape] = (0, sys.maxsize)
+            probe = False
         if probe and 4 * linear.out_features * linear.in_features > LARGE_HEAD_BYTES:
             same_k = [s for s in self.rows if s[1] == linear.in_features]
             if same_k:

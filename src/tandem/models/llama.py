@@ -108,6 +108,8 @@ class Linear(nn.Module):
             if x.shape[0] <= q.i8_max_rows:
                 # forward_i8, inlined: a decode step makes 4 such calls per layer, and at one row
                 # each Python frame is a tenth of the kernel's time
+                if q.i8_parts:
+                    return self.quant_ops.quant_linear_i8_parts(x, q.i8, self.bias, q.i8_parts)
                 return self.quant_ops.quant_linear_i8(x, q.i8, self.bias, self.out_features, q.i8_qtype)
             if x.shape[0] <= q.max_rows:
                 return self.forward_quant(x)
@@ -127,7 +129,10 @@ class Linear(nn.Module):
     def forward_i8(self, x: torch.Tensor) -> torch.Tensor:
         """Q4_1 / Q8_0 / Q6_K weights times x rounded to 8 bits per block of 32, llama.cpp's arithmetic
         (see tandem.models.quant); float32 or bfloat16 in, the same out."""
-        return self.quant_ops.quant_linear_i8(x, self.quant.i8, self.bias, self.out_features, self.quant.i8_qtype)
+        q = self.quant
+        if q.i8_parts:
+            return self.quant_ops.quant_linear_i8_parts(x, q.i8, self.bias, q.i8_parts)
+        return self.quant_ops.quant_linear_i8(x, q.i8, self.bias, self.out_features, q.i8_qtype)
 
     def forward_quant(self, x: torch.Tensor) -> torch.Tensor:
         """The weight-only quantized kernel on the GGUF blocks (see tandem.models.quant)."""
@@ -271,7 +276,8 @@ class LlamaModel(nn.Module):
         for i, (layer, group) in enumerate(zip(self.layers, parts)):
             stack.add_layer(layer.input_norm, layer.post_norm, attn.cache.k[i], attn.cache.v[i],
                             [lin.quant.i8 for lin in group], [lin.out_features for lin in group],
-                            [lin.quant.i8_qtype for lin in group])
+                            [[t for t, _ in lin.quant.i8_parts] or [lin.quant.i8_qtype] for lin in group],
+                            [[n for _, n in lin.quant.i8_parts] or [lin.out_features] for lin in group])
         return DecoderStack(stack, max_rows)
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,9 @@ still wins.
 
 With `activations="int8"` (quantization "gguf", llama.cpp's arithmetic) the Q4_1 and Q8_0 layers of
 a float32 or bfloat16 model (the default model's LM head is its Q8_0 embedding table) are also repacked for
-`quant_linear_i8` (csrc/quant_i8.cpp), and so are layers whose blocks are all Q6_K, from their own
-6-bit values (`Q6_K_I8` records: 7 bits a weight, where Q8_0 takes 8.5): each call rounds x to 8 bits per block of 32 (Q8_1 / Q8_0),
+`quant_linear_i8` (csrc/quant_i8.cpp), and so are layers whose blocks are all Q6_K or all Q4_K,
+from the file's own bits (`NATIVE_I8`: 7 bits a weight where Q8_0 takes 8.5, 4.625 where Q4_1
+takes 5): each call rounds x to 8 bits per block of 32 (Q8_1 / Q8_0),
 as llama.cpp and vLLM's GGUF kernels do, and runs an integer dot product (VPMADDUBSW) that does
 four times the multiply-adds of a float32 FMA per instruction. That is not the float32 function
 any more (relative error ~0.5% per layer, from the rounding of x), so it is a mode of its own;
@@ -41,7 +42,9 @@ import torch
 
 log = logging.getLogger("tandem.quant")
 QTYPES = {"Q4_1": 0, "Q8_0": 1}
-Q6_K_I8 = 2         # quant_pack_i8's record type for Q6_K blocks (the 8-bit kernel runs them from their own bits)
+# quant_pack_i8's record types for K-quant blocks: the 8-bit kernel runs them from their own bits
+Q6_K_I8, Q4_K_I8 = 2, 3
+NATIVE_I8 = {"Q6_K": Q6_K_I8, "Q4_K": Q4_K_I8}
 _ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 _I8_ROWS = (1, 2, 4, 8, 16, 64, 256)   # fine where bfloat16 kernels take over at a few rows
 _I8_COMPUTE_ROWS = 64     # from here steps are compute-bound: a few layers time the shape (load stays short)
@@ -61,14 +64,15 @@ class QuantWeight:
     packed_bf16: bool = False
     i8: torch.Tensor | None = None   # quant_pack_i8's records (float32 or bfloat16 models, activations="int8")
     i8_max_rows: int = 0             # steps of at most this many rows use quant_linear_i8
-    i8_qtype: int = 0                # the records' type: `qtype`, or Q6_K_I8 for a layer of Q6_K blocks
+    i8_qtype: int = 0                # the records' type: QTYPES or NATIVE_I8 values (-1: see i8_parts)
+    i8_parts: tuple[tuple[int, int], ...] = ()   # a fused layer whose parts' types differ: (type, rows) each
 
 
 # GGUF types the kernels take after a repack at load, one tensor at a time: to Q4_1 records exactly
 # (Q4_0: m = -8 d; Q4_K: each 32-weight sub-block's 6-bit scale and min folded into a Q4_1 block's
 # float16 d and m, rounded to float16 as the only change), or, for 5- and 6-bit types, requantized
 # to Q8_0 (8 bits per weight, one scale per 32; the rounding adds ~1/254 of a block's largest weight).
-# The 8-bit kernel runs a layer of Q6_K blocks from the file's bits instead (attach_blocks).
+# The 8-bit kernel runs a layer of Q6_K or Q4_K blocks from the file's bits instead (NATIVE_I8).
 REPACKED = {"Q4_0": 0, "Q4_K": 0, "Q5_0": 1, "Q5_1": 1, "Q5_K": 1, "Q6_K": 1}
 
 
@@ -149,39 +153,75 @@ def head_tensor(tensors: dict) -> str:
     return "output.weight" if "output.weight" in tensors else "token_embd.weight"
 
 
-def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], ops, activations: str) -> bool:
+_BLOCK_BYTES = {0: (32, 20), 1: (32, 34), Q6_K_I8: (256, 210), Q4_K_I8: (256, 144)}   # record type -> (weights, bytes)
+
+
+def _i8_part(t, heads: int | None, k: int) -> tuple[np.ndarray, int] | None:
+    """A part's blocks for the 8-bit kernel and their record type: K-quants as the file stores
+    them (NATIVE_I8), other types as the weight-only kernel takes them; None if the row size does
+    not fit."""
+    from tandem.models.gguf_convert import unpermute_qk
+
+    kind = t.tensor_type.name
+    if kind in NATIVE_I8 and k % 256 == 0:
+        rtype, blocks = NATIVE_I8[kind], np.asarray(t.data)
+    else:
+        rtype = _kernel_type(t)
+        blocks = _blocks(t, rtype)
+    weights, nbytes = _BLOCK_BYTES[rtype]
+    if blocks.shape[1] != k // weights * nbytes:
+        return None
+    return (unpermute_qk(blocks, heads) if heads else blocks), rtype
+
+
+def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], ops, activations: str,
+                  weight_only: bool = True) -> bool:
     """Give `linear` the GGUF blocks of `parts` (stacked in order), in the layout its dtype and
     `activations` ("int8" also packs a float32 or bfloat16 layer for `quant_linear_i8`) want; False, and
-    nothing attached, unless every part is one supported type and the shapes fit."""
+    nothing attached, unless every part is one supported type and the shapes fit. `weight_only`
+    False: the layer will run the 8-bit kernel at every step size, so the weight-only kernel's
+    blocks are not built (when there are 8-bit records)."""
     from tandem.models.gguf_convert import unpermute_qk
 
     types = [_kernel_type(tensors.get(name)) for name, _ in parts]
     if None in types:
         return False
-    qtype = types[0] if len(set(types)) == 1 else 1   # mixed (Q4_K_M's Q4_K q/k with Q6_K v): all Q8_0
-    got = [_blocks(tensors[name], qtype) for name, _ in parts]
-    rows = [unpermute_qk(g, heads) if heads else g for g, (_, heads) in zip(got, parts)]
-    data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
     k = linear.in_features
-    if data.shape[0] != linear.out_features or data.shape[1] != k // 32 * (20 if qtype == 0 else 34):
+    i8 = activations == "int8" and getattr(ops, "i8_linear_available", lambda: False)() \
+        and linear.dtype in (torch.float32, torch.bfloat16)
+    i8_parts = [_i8_part(tensors[name], heads, k) for name, heads in parts] if i8 else []
+    if None in i8_parts or sum(b.shape[0] for b, _ in i8_parts) not in (0, linear.out_features):
         return False
-    if linear.dtype == torch.bfloat16 and getattr(ops, "bf16_linear_available", lambda: False)():
+    qtype = types[0] if len(set(types)) == 1 else 1   # mixed (Q4_K_M's Q4_K q/k with Q6_K v): all Q8_0
+    if i8 and not weight_only:
+        data = torch.empty(0, dtype=torch.uint8)
+    else:
+        got = [_blocks(tensors[name], qtype) for name, _ in parts]
+        rows = [unpermute_qk(g, heads) if heads else g for g, (_, heads) in zip(got, parts)]
+        data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
+        if data.shape[0] != linear.out_features or data.shape[1] != k // 32 * (20 if qtype == 0 else 34):
+            return False
+    if data.numel() and linear.dtype == torch.bfloat16 and getattr(ops, "bf16_linear_available", lambda: False)():
         linear.quant = QuantWeight(ops.quant_pack_bf16(data, qtype, linear.out_features, k), qtype, k,
                                    packed_bf16=True)
     else:
         linear.quant = QuantWeight(data, qtype, k)
-    if activations == "int8" and getattr(ops, "i8_linear_available", lambda: False)() \
-            and linear.dtype in (torch.float32, torch.bfloat16):
-        if all(tensors[name].tensor_type.name == "Q6_K" for name, _ in parts) and k % 256 == 0:
-            # Q6_K runs from its own bits (7 bits a weight in records, not Q8_0's 8.5)
-            raw = [np.asarray(tensors[name].data) for name, _ in parts]
-            raw = [unpermute_qk(r, heads) if heads else r for r, (_, heads) in zip(raw, parts)]
-            six = torch.from_numpy(np.ascontiguousarray(np.concatenate(raw, axis=0)))
-            linear.quant.i8 = ops.quant_pack_i8(six, linear.out_features, k, Q6_K_I8)
-            linear.quant.i8_qtype = Q6_K_I8
+    if i8:
+        # K-quants run from the file's bits: Q6_K in 7 bits a weight (not Q8_0's 8.5), Q4_K in
+        # 4.625 (not Q4_1's 5, and its scales not rounded); a fused layer whose parts differ in
+        # type keeps each part's own records
+        rtypes = {rtype for _, rtype in i8_parts}
+        q = linear.quant
+        if len(rtypes) == 1:
+            rtype = rtypes.pop()
+            blocks = torch.from_numpy(np.ascontiguousarray(np.concatenate([b for b, _ in i8_parts], axis=0)))
+            q.i8, q.i8_qtype = ops.quant_pack_i8(blocks, linear.out_features, k, rtype), rtype
         else:
-            linear.quant.i8 = ops.quant_pack_i8(data, linear.out_features, k, qtype)
-            linear.quant.i8_qtype = qtype
+            packs = [ops.quant_pack_i8(torch.from_numpy(np.require(b, requirements=("C", "W"))), b.shape[0], k, rtype)
+                     for b, rtype in i8_parts]
+            q.i8 = torch.cat([p.reshape(-1) for p in packs])
+            q.i8_parts = tuple((rtype, b.shape[0]) for b, rtype in i8_parts)
+            q.i8_qtype = -1
     linear.quant_ops = ops
     return True
 

@@ -108,6 +108,10 @@ class CpuKernelOps:
         """x float32 [..., K] (made contiguous if it is not), bias float32 or None."""
         return self.m.quant_linear_i8(x, w, bias, n, qtype)
 
+    def quant_linear_i8_parts(self, x, w, bias, parts: tuple[tuple[int, int], ...]):
+        """quant_linear_i8 over a fused layer whose parts' record types differ: (type, rows) each."""
+        return self.m.quant_linear_i8_parts(x, w, bias, [t for t, _ in parts], [n for _, n in parts])
+
     def paged_attention(self, q, k_cache, v_cache, table, seq, pos, block_size: int, scale: float):
         """q [N, H, D] (rows may be strided, e.g. a slice of the fused qkv output) -> [N, H * D]."""
         return self.m.paged_attention(q, k_cache, v_cache, table, seq, pos, block_size, scale)

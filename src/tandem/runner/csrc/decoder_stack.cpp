@@ -21,15 +21,21 @@ torch::Tensor paged_attention(torch::Tensor q, torch::Tensor k_cache, torch::Ten
 void kv_write_(torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor k, torch::Tensor v, torch::Tensor slots);
 torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n,
                               int64_t qtype);
+torch::Tensor quant_linear_i8_parts(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
+                                    std::vector<int64_t> qtypes, std::vector<int64_t> rows);
 
 namespace {
 
 struct Linear8 {
-  torch::Tensor records;   // quant_pack_i8's records
-  int64_t n = 0;           // output features
-  int64_t qtype = 0;
+  torch::Tensor records;          // quant_pack_i8's records (a fused layer of mixed types: its parts', flat)
+  int64_t n = 0;                  // output features
+  std::vector<int64_t> qtypes;    // the record type of each part (one: the whole layer's)
+  std::vector<int64_t> rows;      // each part's output features
 
-  torch::Tensor operator()(const torch::Tensor& x) const { return quant_linear_i8(x, records, c10::nullopt, n, qtype); }
+  torch::Tensor operator()(const torch::Tensor& x) const {
+    return qtypes.size() == 1 ? quant_linear_i8(x, records, c10::nullopt, n, qtypes[0])
+                              : quant_linear_i8_parts(x, records, c10::nullopt, qtypes, rows);
+  }
 };
 
 struct Layer {
@@ -43,9 +49,10 @@ class DecoderStack {
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps) {}
 
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, torch::Tensor k_cache, torch::Tensor v_cache,
-                 std::vector<torch::Tensor> records, std::vector<int64_t> out_features, std::vector<int64_t> qtypes) {
-    TORCH_CHECK(records.size() == 4 && out_features.size() == 4 && qtypes.size() == 4,
-                "add_layer: qkv, o, gate_up and down: 4 records, sizes and types");
+                 std::vector<torch::Tensor> records, std::vector<int64_t> out_features,
+                 std::vector<std::vector<int64_t>> qtypes, std::vector<std::vector<int64_t>> rows) {
+    TORCH_CHECK(records.size() == 4 && out_features.size() == 4 && qtypes.size() == 4 && rows.size() == 4,
+                "add_layer: qkv, o, gate_up and down: 4 records, sizes, and their parts' types and rows");
     TORCH_CHECK(out_features[0] == (heads_ + 2 * kv_heads_) * head_dim_, "add_layer: qkv has ", out_features[0],
                 " outputs for ", heads_, " + 2 x ", kv_heads_, " heads of ", head_dim_);
     Layer l;
@@ -54,7 +61,10 @@ class DecoderStack {
     l.k_cache = k_cache;
     l.v_cache = v_cache;
     Linear8* parts[4] = {&l.qkv, &l.o, &l.gate_up, &l.down};
-    for (int i = 0; i < 4; ++i) *parts[i] = Linear8{records[i], out_features[i], qtypes[i]};
+    for (int i = 0; i < 4; ++i) {
+      TORCH_CHECK(!qtypes[i].empty() && qtypes[i].size() == rows[i].size(), "add_layer: one type per part");
+      *parts[i] = Linear8{records[i], out_features[i], qtypes[i], rows[i]};
+    }
     layers_.push_back(std::move(l));
   }
 

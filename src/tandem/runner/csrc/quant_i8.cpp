@@ -27,6 +27,10 @@
 // half's four vectors of pair sums stay exact in 16 bits (4 x 2 x 32 x 127 = 32,512). The halves
 // (inputs 0..15 and 16..31, the low and high nibbles) keep their own sums, one scale each.
 //
+// Q4_K blocks (256 weights share a float16 d and dmin, each 32 of them a 6-bit scale and min,
+// w = d sc q - dmin m with q in 0..15) run as Q4_1 does, with the block's d sc and -dmin m formed
+// in float32 from the file's own fields (4.625 bits a weight in records, where Q4_1 takes 5).
+//
 // Layout, packed once at load (quant_pack_i8): groups of 8 output rows; per group and block one
 // record. Q4_1, 160 bytes: 4 vectors of 32 bytes, vector v holding, for row j of the group, the q of
 // inputs 4v..4v+3 (low nibbles) and 16+4v..16+4v+3 (high nibbles) in bytes 4j..4j+3; then the 8
@@ -36,7 +40,9 @@
 // inputs 4v..4v+3 in bytes 4j..4j+3, then the 8 rows' d as float16. Q6_K, 224 bytes: Q4_1's 4
 // vectors of low 4 bits; 2 vectors of high 2 bits, vector u holding in byte 4j+t the bits of
 // inputs 8u+t, 16+8u+t, 8u+4+t and 16+8u+4+t (bits 0-1, 2-3, 4-5, 6-7); the 8 rows' d sc of
-// inputs 0..15, then of 16..31, as float16.
+// inputs 0..15, then of 16..31, as float16. Q4_K, 1,184 bytes per super-block of 256: the 8
+// blocks' q as Q4_1 records hold them (8 x 128 bytes), the 8 rows' d and -dmin as float16, then
+// per block the 8 rows' 6-bit scales, then mins, a byte each.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -52,16 +58,27 @@
 namespace {
 
 constexpr int64_t kGroup = 8, kBlock = 32;
-constexpr int kQ4_1 = 0, kQ8_0 = 1, kQ6_K = 2;      // tandem.models.quant.QTYPES
-constexpr int64_t record_bytes(int qtype) { return qtype == kQ4_1 ? 160 : qtype == kQ8_0 ? 272 : 224; }
-// Bytes of the file's blocks per 32 weights (a Q6_K super-block of 256 is 210 bytes).
-constexpr int64_t kSuper = 256, kQ6_KBytes = 210;
+constexpr int kQ4_1 = 0, kQ8_0 = 1, kQ6_K = 2, kQ4_K = 3;      // tandem.models.quant (QTYPES, Q6_K_I8, Q4_K_I8)
+// Bytes per record: per 32 inputs for Q4_1, Q8_0 and Q6_K; per super-block of 256 for Q4_K.
+constexpr int64_t record_bytes(int qtype) {
+  return qtype == kQ4_1 ? 160 : qtype == kQ8_0 ? 272 : qtype == kQ6_K ? 224 : 1184;
+}
+// Bytes of the file's blocks per 32 weights; K-quant super-blocks of 256 take 210 (Q6_K) and 144 (Q4_K).
+constexpr int64_t kSuper = 256, kQ6_KBytes = 210, kQ4_KBytes = 144;
 constexpr int64_t source_block_bytes(int qtype) { return qtype == kQ4_1 ? 20 : 34; }
-constexpr bool valid_qtype(int64_t q) { return q == kQ4_1 || q == kQ8_0 || q == kQ6_K; }
-constexpr const char* qtype_name(int64_t q) { return q == kQ4_1 ? "Q4_1" : q == kQ8_0 ? "Q8_0" : "Q6_K"; }
+constexpr bool valid_qtype(int64_t q) { return q == kQ4_1 || q == kQ8_0 || q == kQ6_K || q == kQ4_K; }
+constexpr bool k_quant(int64_t q) { return q == kQ6_K || q == kQ4_K; }
+constexpr const char* qtype_name(int64_t q) {
+  return q == kQ4_1 ? "Q4_1" : q == kQ8_0 ? "Q8_0" : q == kQ6_K ? "Q6_K" : "Q4_K";
+}
 // Bytes per row of the file's blocks for K inputs.
 constexpr int64_t source_row_bytes(int64_t qtype, int64_t k) {
-  return qtype == kQ6_K ? k / kSuper * kQ6_KBytes : k / kBlock * source_block_bytes(static_cast<int>(qtype));
+  return qtype == kQ6_K ? k / kSuper * kQ6_KBytes : qtype == kQ4_K ? k / kSuper * kQ4_KBytes
+                        : k / kBlock * source_block_bytes(static_cast<int>(qtype));
+}
+// Bytes per group of 8 rows of records for K inputs.
+constexpr int64_t group_bytes(int qtype, int64_t k) {
+  return qtype == kQ4_K ? k / kSuper * record_bytes(qtype) : k / kBlock * record_bytes(qtype);
 }
 constexpr int64_t kPrefetch = 2048;  // bytes ahead of the record being read
 constexpr int64_t kChunkRows = 96;   // rows per pass over the weights: their qx (<= 150 KB) stay in L2
@@ -135,44 +152,77 @@ inline void store_tile(Y* y, int64_t ldy, __m256 a0, __m256 a1, __m256 a2, __m25
     for (int64_t j = 0; j < cols; ++j) put(y + r * ldy + j, t[r][j] + (bias != nullptr ? bias[j] : 0.f));
 }
 
-// MR rows of qx against one group's records: 8 outputs per row.
+// MR rows of qx against one block of 4-bit q (128 bytes in Q4_1's record order), w = d q + m, with
+// the 8 rows' d and m given: adds to the accumulators.
+template <int MR>
+inline void block_q4(const uint8_t* q, const int8_t* x0, int64_t k, __m256 d, __m256 m, const float* dx,
+                     const float* sx, int64_t nb, __m256& a0, __m256& a1, __m256& a2, __m256& a3) {
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+  for (int v = 0; v < 4; ++v) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * v));
+    const __m256i lo = _mm256_and_si256(wv, low), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), low);
+#define TANDEM_I8_ROW(R, S)                                                                         \
+    if constexpr (MR > R) {                                                                         \
+      S = _mm256_add_epi16(S, _mm256_maddubs_epi16(lo, bcast4(x0 + R * k + 4 * v)));                \
+      S = _mm256_add_epi16(S, _mm256_maddubs_epi16(hi, bcast4(x0 + R * k + 16 + 4 * v)));           \
+    }
+    TANDEM_I8_ROW(0, s0) TANDEM_I8_ROW(1, s1) TANDEM_I8_ROW(2, s2) TANDEM_I8_ROW(3, s3)
+#undef TANDEM_I8_ROW
+  }
+  // With 1 or 2 rows the m terms go to the spare accumulators a2 / a3: two FMA chains per row
+  // instead of one twice as long, which at one row would bound the loop at 8 cycles a block.
+#define TANDEM_I8_FIN(R, A, C, S)                                                                     \
+  if constexpr (MR > R) {                                                                             \
+    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S, ones)), _mm256_mul_ps(d, _mm256_set1_ps(dx[R * nb])), A); \
+    C = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[R * nb]), C);                                            \
+  }
+  if constexpr (MR <= 2) {
+    TANDEM_I8_FIN(0, a0, a2, s0) TANDEM_I8_FIN(1, a1, a3, s1)
+  } else {
+    TANDEM_I8_FIN(0, a0, a0, s0) TANDEM_I8_FIN(1, a1, a1, s1) TANDEM_I8_FIN(2, a2, a2, s2) TANDEM_I8_FIN(3, a3, a3, s3)
+  }
+#undef TANDEM_I8_FIN
+}
+
+// MR rows of qx against one group's Q4_1 records: 8 outputs per row.
 template <int MR, typename Y>
 inline void tile_q4_1(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                  const uint8_t* rec, const float* bias, int64_t cols) {
   const int64_t nb = k / kBlock;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t b = 0; b < nb; ++b, rec += record_bytes(kQ4_1)) {
-    const int8_t* x0 = qx + b * kBlock;
     prefetch_ahead<3>(rec);     // a 160-byte record spans up to 3 lines
-    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-    for (int v = 0; v < 4; ++v) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * v));
-      const __m256i lo = _mm256_and_si256(wv, low), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), low);
-#define TANDEM_I8_ROW(R, S)                                                                         \
-      if constexpr (MR > R) {                                                                       \
-        S = _mm256_add_epi16(S, _mm256_maddubs_epi16(lo, bcast4(x0 + R * k + 4 * v)));              \
-        S = _mm256_add_epi16(S, _mm256_maddubs_epi16(hi, bcast4(x0 + R * k + 16 + 4 * v)));         \
-      }
-      TANDEM_I8_ROW(0, s0) TANDEM_I8_ROW(1, s1) TANDEM_I8_ROW(2, s2) TANDEM_I8_ROW(3, s3)
-#undef TANDEM_I8_ROW
-    }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 128)));
     const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 144)));
-    // With 1 or 2 rows the m terms go to the spare accumulators a2 / a3: two FMA chains per row
-    // instead of one twice as long, which at one row would bound the loop at 8 cycles a block.
-#define TANDEM_I8_FIN(R, A, C, S)                                                                     \
-    if constexpr (MR > R) {                                                                           \
-      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S, ones)),                             \
-                          _mm256_mul_ps(d, _mm256_set1_ps(dx[R * nb + b])), A);                       \
-      C = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[R * nb + b]), C);                                      \
+    block_q4<MR>(rec, qx + b * kBlock, k, d, m, dx + b, sx + b, nb, a0, a1, a2, a3);
+  }
+  if constexpr (MR <= 2) {
+    a0 = _mm256_add_ps(a0, a2);
+    a1 = _mm256_add_ps(a1, a3);
+  }
+  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
+}
+
+inline __m256 u8x8(const uint8_t* p) {       // 8 bytes -> 8 floats
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// MR rows of qx against one group's Q4_K records (a super-block of 256 inputs each): 8 outputs per row.
+template <int MR, typename Y>
+inline void tile_q4_k(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
+                      const uint8_t* rec, const float* bias, int64_t cols) {
+  const int64_t nb = k / kBlock;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t sb = 0; sb < k / kSuper; ++sb, rec += record_bytes(kQ4_K)) {
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 1024)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 1040)));
+    for (int t = 0; t < 8; ++t) {
+      const int64_t b = sb * 8 + t;
+      prefetch_ahead<2>(rec + 128 * t);
+      block_q4<MR>(rec + 128 * t, qx + b * kBlock, k, _mm256_mul_ps(d, u8x8(rec + 1056 + 8 * t)),
+                   _mm256_mul_ps(dmin, u8x8(rec + 1120 + 8 * t)), dx + b, sx + b, nb, a0, a1, a2, a3);
     }
-    if constexpr (MR <= 2) {
-      TANDEM_I8_FIN(0, a0, a2, s0) TANDEM_I8_FIN(1, a1, a3, s1)
-    } else {
-      TANDEM_I8_FIN(0, a0, a0, s0) TANDEM_I8_FIN(1, a1, a1, s1) TANDEM_I8_FIN(2, a2, a2, s2) TANDEM_I8_FIN(3, a3, a3, s3)
-    }
-#undef TANDEM_I8_FIN
   }
   if constexpr (MR <= 2) {
     a0 = _mm256_add_ps(a0, a2);
@@ -260,7 +310,8 @@ inline void tile(int qtype, Y* y, int64_t ldy, const int8_t* qx, int64_t k, cons
                  const uint8_t* rec, const float* bias, int64_t cols) {
   if (qtype == kQ4_1) tile_q4_1<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
   else if (qtype == kQ8_0) tile_q8_0<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
-  else tile_q6_k<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
+  else if (qtype == kQ6_K) tile_q6_k<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
+  else tile_q4_k<MR>(y, ldy, qx, k, dx, sx, rec, bias, cols);
 }
 #endif
 
@@ -308,23 +359,47 @@ void pack_q6_k_row(uint8_t* rec, int64_t j, const uint8_t* q, float dlo, float d
   std::memcpy(rec + 208 + 2 * j, &hi, 2);
 }
 
+// Row j's part of a Q4_K record from its super-block (ggml's block_q4_K: float16 d and dmin, 12
+// bytes of 6-bit scales and mins for 8 sub-blocks of 32, 128 bytes of q, sub-blocks 2c and 2c + 1
+// in the low and high nibbles of bytes 32c..32c+31; w = d sc q - dmin m).
+void pack_q4_k_row(uint8_t* rec, int64_t j, const uint8_t* blk) {
+  std::memcpy(rec + 1024 + 2 * j, blk, 2);
+  const uint16_t neg_dmin = static_cast<uint16_t>(*reinterpret_cast<const uint16_t*>(blk + 2) ^ 0x8000);
+  std::memcpy(rec + 1040 + 2 * j, &neg_dmin, 2);      // -dmin: the records add m
+  const uint8_t* sc = blk + 4;
+  for (int t = 0; t < 8; ++t) {
+    // ggml's get_scale_min_k4
+    const uint8_t scale = t < 4 ? sc[t] & 63 : (sc[t + 4] & 0x0F) | ((sc[t - 4] >> 6) << 4);
+    const uint8_t mn = t < 4 ? sc[t + 4] & 63 : (sc[t + 4] >> 4) | ((sc[t] >> 6) << 4);
+    rec[1056 + 8 * t + j] = scale;
+    rec[1120 + 8 * t + j] = mn;
+    uint8_t q[kBlock];
+    const uint8_t* qs = blk + 16 + 32 * (t / 2);
+    for (int i = 0; i < kBlock; ++i) q[i] = t % 2 == 0 ? qs[i] & 0x0F : qs[i] >> 4;
+    for (int v = 0; v < 4; ++v)
+      for (int u = 0; u < 4; ++u)
+        rec[128 * t + 32 * v + 4 * j + u] = static_cast<uint8_t>(q[4 * v + u] | (q[16 + 4 * v + u] << 4));
+  }
+}
+
 }  // namespace
 #endif
 
-// GGML Q4_1 (qtype 0), Q8_0 (qtype 1) or Q6_K (qtype 2) blocks uint8 [N, K/32 * 20 | K/32 * 34 |
-// K/256 * 210] -> uint8 [ceil(N/8), K/32 * 160 | 272 | 224] records (rows past N zero).
+// GGML Q4_1 (qtype 0), Q8_0 (qtype 1), Q6_K (qtype 2) or Q4_K (qtype 3) blocks uint8 [N, K/32 * 20 |
+// K/32 * 34 | K/256 * 210 | K/256 * 144] -> uint8 [ceil(N/8), K/32 * 160 | 272 | 224 | K/256 * 1184]
+// records (rows past N zero).
 torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k, int64_t qtype) {
-  TORCH_CHECK(valid_qtype(qtype), "quant_pack_i8: qtype must be 0 (Q4_1), 1 (Q8_0) or 2 (Q6_K), got ", qtype);
+  TORCH_CHECK(valid_qtype(qtype), "quant_pack_i8: qtype must be 0 (Q4_1), 1 (Q8_0), 2 (Q6_K) or 3 (Q4_K), got ", qtype);
   TORCH_CHECK(data.device().is_cpu() && data.is_contiguous() && data.scalar_type() == at::kByte && data.dim() == 2,
               "quant_pack_i8: data must be contiguous uint8 [N, row bytes] on CPU");
   const int64_t src_row = source_row_bytes(qtype, k), record = record_bytes(static_cast<int>(qtype));
-  TORCH_CHECK(k % (qtype == kQ6_K ? kSuper : kBlock) == 0 && data.size(0) == n && data.size(1) == src_row,
+  TORCH_CHECK(k % (k_quant(qtype) ? kSuper : kBlock) == 0 && data.size(0) == n && data.size(1) == src_row,
               "quant_pack_i8: data does not hold [N, K] ", qtype_name(qtype), " blocks");
 #ifndef TANDEM_QUANT_I8
   TORCH_CHECK(false, "quant_pack_i8: this build has no AVX2 + FMA + F16C");
 #else
   const int64_t nb = k / kBlock, groups = (n + kGroup - 1) / kGroup, src_block = source_block_bytes(static_cast<int>(qtype));
-  auto out = torch::zeros({groups, nb * record}, torch::dtype(torch::kUInt8));
+  auto out = torch::zeros({groups, group_bytes(static_cast<int>(qtype), k)}, torch::dtype(torch::kUInt8));
   const uint8_t* src = data.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   if (qtype == kQ6_K) {
@@ -339,6 +414,15 @@ torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k, int64_t qt
               pack_q6_k_row(dst + (g * nb + sb * (kSuper / kBlock) + t) * record, j, q + kBlock * t, dsc[2 * t],
                             dsc[2 * t + 1]);
           }
+    });
+    return out;
+  }
+  if (qtype == kQ4_K) {
+    at::parallel_for(0, groups, 8, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g)
+        for (int64_t j = 0; j < kGroup && g * kGroup + j < n; ++j)
+          for (int64_t sb = 0; sb < k / kSuper; ++sb)
+            pack_q4_k_row(dst + (g * (k / kSuper) + sb) * record, j, src + (g * kGroup + j) * src_row + sb * kQ4_KBytes);
     });
     return out;
   }
@@ -370,10 +454,42 @@ torch::Tensor quant_pack_i8(torch::Tensor data, int64_t n, int64_t k, int64_t qt
 #endif
 }
 
+// A layer's output rows as segments of one record type each (one segment, or a fused layer whose
+// parts' GGUF types differ, as a Q4_K_M file's q/k/v do where v is Q6_K): the segments' records lie
+// back to back in `w`.
+namespace {
+
+struct Segment {
+  int q;                 // record type
+  int64_t rows;          // output rows
+  int64_t first_group;   // index of its first group of 8 rows among all segments' groups
+  int64_t col;           // its first output column
+  int64_t offset;        // byte offset of its records in w
+};
+
+std::vector<Segment> segments(const std::vector<int64_t>& qtypes, const std::vector<int64_t>& rows, int64_t k) {
+  std::vector<Segment> out;
+  int64_t group = 0, col = 0, offset = 0;
+  for (size_t i = 0; i < qtypes.size(); ++i) {
+    const int q = static_cast<int>(qtypes[i]);
+    out.push_back(Segment{q, rows[i], group, col, offset});
+    const int64_t groups = (rows[i] + kGroup - 1) / kGroup;
+    group += groups;
+    col += rows[i];
+    offset += groups * group_bytes(q, k);
+  }
+  return out;
+}
+
+}  // namespace
+
 #ifdef TANDEM_QUANT_I8
 template <typename T>
-void linear_i8(const T* xp, T* yp, int64_t m, int64_t k, int64_t n, int q, const uint8_t* wp, const float* bp) {
-  const int64_t nb = k / kBlock, record = record_bytes(q), groups = (n + kGroup - 1) / kGroup;
+void linear_i8(const T* xp, T* yp, int64_t m, int64_t k, int64_t n, const std::vector<Segment>& segs,
+               const uint8_t* wp, const float* bp) {
+  const int64_t nb = k / kBlock;
+  int64_t groups = 0;
+  for (const Segment& s : segs) groups += (s.rows + kGroup - 1) / kGroup;
   std::vector<int8_t> qx(m * k);
   std::vector<float> dx(m * nb), sx(m * nb);
   if (m == 1) {
@@ -386,9 +502,13 @@ void linear_i8(const T* xp, T* yp, int64_t m, int64_t k, int64_t n, int q, const
   for (int64_t c0 = 0; c0 < m; c0 += kChunkRows) {
     const int64_t c1 = std::min(m, c0 + kChunkRows);
     at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+      size_t si = 0;
       for (int64_t g = g0; g < g1; ++g) {
-        const uint8_t* rec = wp + g * nb * record;
-        const int64_t col = g * kGroup, cols = std::min(kGroup, n - col);
+        while (si + 1 < segs.size() && g >= segs[si + 1].first_group) ++si;
+        const Segment& s = segs[si];
+        const int q = s.q;
+        const uint8_t* rec = wp + s.offset + (g - s.first_group) * group_bytes(q, k);
+        const int64_t col = s.col + (g - s.first_group) * kGroup, cols = std::min(kGroup, s.col + s.rows - col);
         const float* bg = bp != nullptr ? bp + col : nullptr;
         int64_t r = c0;
         for (; r + 4 <= c1; r += 4)
@@ -404,21 +524,13 @@ void linear_i8(const T* xp, T* yp, int64_t m, int64_t k, int64_t n, int q, const
 }
 #endif
 
-// x: float32 or bfloat16 [..., K]; w: quant_pack_i8's records of `qtype`; bias: [N] (float32, or
-// x's dtype) or none. Returns [..., N] in x's dtype (bfloat16 rounded once, from the float32 sums).
-torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n,
-                              int64_t qtype) {
-  TORCH_CHECK(valid_qtype(qtype), "quant_linear_i8: qtype must be 0 (Q4_1), 1 (Q8_0) or 2 (Q6_K), got ", qtype);
+namespace {
+
+torch::Tensor run_linear_i8(torch::Tensor x, const uint8_t* wp, c10::optional<torch::Tensor> bias, int64_t n,
+                            const std::vector<Segment>& segs) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || bf16),
-              "quant_linear_i8: x must be float32 or bfloat16 on CPU");
   x = x.contiguous();
-  const int q = static_cast<int>(qtype);
-  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1), nb = k / kBlock, record = record_bytes(q);
-  const int64_t groups = (n + kGroup - 1) / kGroup;
-  TORCH_CHECK(k % kBlock == 0 && w.scalar_type() == at::kByte && w.is_contiguous() && w.dim() == 2 &&
-                  w.size(0) == groups && w.size(1) == nb * record,
-              "quant_linear_i8: w does not hold quant_pack_i8 records for [N, K]");
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
   torch::Tensor b32;
   const float* bp = nullptr;
   if (bias.has_value()) {
@@ -433,15 +545,58 @@ torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<to
 #ifndef TANDEM_QUANT_I8
   TORCH_CHECK(false, "quant_linear_i8: this build has no AVX2 + FMA + F16C");
 #else
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  if (bf16) linear_i8(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>(), m, k, n, q, wp, bp);
-  else linear_i8(x.data_ptr<float>(), y.data_ptr<float>(), m, k, n, q, wp, bp);
-  return y;
+  if (bf16) linear_i8(x.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>(), m, k, n, segs, wp, bp);
+  else linear_i8(x.data_ptr<float>(), y.data_ptr<float>(), m, k, n, segs, wp, bp);
 #endif
+  return y;
+}
+
+void check_x(const torch::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "quant_linear_i8: x must be float32 or bfloat16 on CPU");
+}
+
+}  // namespace
+
+// x: float32 or bfloat16 [..., K]; w: quant_pack_i8's records of `qtype`; bias: [N] (float32, or
+// x's dtype) or none. Returns [..., N] in x's dtype (bfloat16 rounded once, from the float32 sums).
+torch::Tensor quant_linear_i8(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t n,
+                              int64_t qtype) {
+  TORCH_CHECK(valid_qtype(qtype), "quant_linear_i8: qtype must be 0 (Q4_1), 1 (Q8_0), 2 (Q6_K) or 3 (Q4_K), got ", qtype);
+  check_x(x);
+  const int q = static_cast<int>(qtype);
+  const int64_t k = x.size(-1), groups = (n + kGroup - 1) / kGroup;
+  TORCH_CHECK(k % (k_quant(q) ? kSuper : kBlock) == 0 && w.scalar_type() == at::kByte && w.is_contiguous() &&
+                  w.dim() == 2 && w.size(0) == groups && w.size(1) == group_bytes(q, k),
+              "quant_linear_i8: w does not hold quant_pack_i8 records for [N, K]");
+  return run_linear_i8(x, w.data_ptr<uint8_t>(), bias, n, segments({qtype}, {n}, k));
+}
+
+// A fused layer whose parts have different record types: w is the parts' quant_pack_i8 records,
+// each flattened, back to back (uint8 [total bytes]); part i has rows[i] output rows of type
+// qtypes[i]. The same arithmetic as quant_linear_i8 on each part, one output.
+torch::Tensor quant_linear_i8_parts(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
+                                    std::vector<int64_t> qtypes, std::vector<int64_t> rows) {
+  check_x(x);
+  TORCH_CHECK(!qtypes.empty() && qtypes.size() == rows.size(), "quant_linear_i8_parts: one type per part");
+  const int64_t k = x.size(-1);
+  int64_t n = 0, bytes = 0;
+  for (size_t i = 0; i < qtypes.size(); ++i) {
+    TORCH_CHECK(valid_qtype(qtypes[i]) && rows[i] > 0, "quant_linear_i8_parts: part ", i, " has type ", qtypes[i],
+                " and ", rows[i], " rows");
+    TORCH_CHECK(k % (k_quant(qtypes[i]) ? kSuper : kBlock) == 0, "quant_linear_i8_parts: K = ", k, " does not fit ",
+                qtype_name(qtypes[i]), " blocks");
+    n += rows[i];
+    bytes += (rows[i] + kGroup - 1) / kGroup * group_bytes(static_cast<int>(qtypes[i]), k);
+  }
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() && w.numel() == bytes,
+              "quant_linear_i8_parts: w does not hold the parts' quant_pack_i8 records for K = ", k);
+  return run_linear_i8(x, w.data_ptr<uint8_t>(), bias, n, segments(qtypes, rows, k));
 }
 
 void register_quant_i8(pybind11::module_& m) {
   m.def("i8_linear_available", &i8_linear_available, "whether quant_linear_i8 runs here (AVX2 + FMA + F16C)");
-  m.def("quant_pack_i8", &quant_pack_i8, "GGML Q4_1, Q8_0 or Q6_K blocks -> 8-row records for quant_linear_i8");
-  m.def("quant_linear_i8", &quant_linear_i8, "x @ W^T (+ bias), W in Q4_1, Q8_0 or Q6_K records, x rounded to 8 bits per block (Q8_1 / Q8_0)");
+  m.def("quant_pack_i8", &quant_pack_i8, "GGML Q4_1, Q8_0, Q6_K or Q4_K blocks -> 8-row records for quant_linear_i8");
+  m.def("quant_linear_i8", &quant_linear_i8, "x @ W^T (+ bias), W in Q4_1, Q8_0, Q6_K or Q4_K records, x rounded to 8 bits per block (Q8_1 / Q8_0)");
+  m.def("quant_linear_i8_parts", &quant_linear_i8_parts, "quant_linear_i8 over a fused layer whose parts' record types differ");
 }
