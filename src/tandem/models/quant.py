@@ -174,6 +174,16 @@ def _i8_part(t, heads: int | None, k: int) -> tuple[np.ndarray, int] | None:
     return (unpermute_qk(blocks, heads) if heads else blocks), rtype
 
 
+def _read_only(blocks: np.ndarray) -> torch.Tensor:
+    """`blocks` (perhaps the file's own mapped pages: a single part is not copied) as a tensor
+    that quant_pack_i8 only reads."""
+    import warnings
+
+    with warnings.catch_warnings():          # a read-only file mapping: the packer never writes it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.ascontiguousarray(blocks))
+
+
 def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], ops, activations: str,
                   weight_only: bool = True) -> bool:
     """Give `linear` the GGUF blocks of `parts` (stacked in order), in the layout its dtype and
@@ -214,11 +224,10 @@ def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], op
         q = linear.quant
         if len(rtypes) == 1:
             rtype = rtypes.pop()
-            blocks = torch.from_numpy(np.ascontiguousarray(np.concatenate([b for b, _ in i8_parts], axis=0)))
-            q.i8, q.i8_qtype = ops.quant_pack_i8(blocks, linear.out_features, k, rtype), rtype
+            blocks = i8_parts[0][0] if len(i8_parts) == 1 else np.concatenate([b for b, _ in i8_parts], axis=0)
+            q.i8, q.i8_qtype = ops.quant_pack_i8(_read_only(blocks), linear.out_features, k, rtype), rtype
         else:
-            packs = [ops.quant_pack_i8(torch.from_numpy(np.require(b, requirements=("C", "W"))), b.shape[0], k, rtype)
-                     for b, rtype in i8_parts]
+            packs = [ops.quant_pack_i8(_read_only(b), b.shape[0], k, rtype) for b, rtype in i8_parts]
             q.i8 = torch.cat([p.reshape(-1) for p in packs])
             q.i8_parts = tuple((rtype, b.shape[0]) for b, rtype in i8_parts)
             q.i8_qtype = -1
