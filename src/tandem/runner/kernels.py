@@ -30,13 +30,14 @@ _SOURCES = [_CSRC / name for name in (
     "packed_linear.cpp",      # pack_linear, packed_linear (float32 on 16-column panels)
     "linear_bf16.cpp",        # pack_linear_bf16, packed_linear_bf16 (AVX512-BF16)
     "quant_bf16.cpp",         # quant_pack_bf16, quant_linear_bf16 (AVX512-BF16)
-    "quant_i8.cpp",           # quant_pack_i8, quant_linear_i8 (8-bit activations)
+    "quant_i8.cpp",           # quant_pack_i8, quant_linear_i8(_parts) (8-bit activations; K-quants: quant_i8_kquant.h)
     "prefill_bf16.cpp",       # prefill_attention_bf16 (AVX512-BF16)
     "sampling.cpp",           # sample_rows
     "grammar_mask.cpp",       # mask_by_bits_
     "decoder_stack.cpp",      # DecoderStack
 )]
-_HEADERS = [_CSRC / "common.h"]   # helpers shared by several sources: part of the build's key
+# helpers shared by several sources, and the 8-bit kernel's parts: part of the build's key
+_HEADERS = [_CSRC / name for name in ("common.h", "quant_i8.h", "quant_i8_kquant.h")]
 _module: ModuleType | None = None
 _tried = False
 

@@ -1,4 +1,4 @@
-// GGUF Q4_1 linear layers with 8-bit activations, as llama.cpp computes them (Q4_1 weights times
+// GGUF linear layers with 8-bit activations, as llama.cpp computes them (Q4_1 weights times
 // Q8_1 activations): y = x W^T (+ bias), x and y float32 or both bfloat16, on any CPU with AVX2.
 //
 // A Q4_1 block holds 32 weights of one row, w = d q + m with q in 0..15. Each call quantizes x per
@@ -19,172 +19,24 @@
 // it multiplies |q| by qx carrying q's sign (VPSIGNB), and each vector's pair sums go to 32 bits
 // at once (2 x 127 x 127 fits 16 bits, four of them would not).
 //
-// Q6_K blocks (llama.cpp's K-quant of 6 bits: 256 weights share a float16 d, each 16 of them an
-// int8 scale, w = d sc (q - 32) with q in 0..63) run from their own bits, not requantized to Q8_0:
-// per 32 weights a record keeps q's low 4 bits as Q4_1's do, its high 2 bits, and the two halves'
-// d sc in float16 (the one rounding: d sc to float16), 7 bits per weight instead of Q8_0's 8.5.
-// q - 32 lies in -32..31: as with Q8_0, VPMADDUBSW takes |q - 32| and moves the sign to x, and a
-// half's four vectors of pair sums stay exact in 16 bits (4 x 2 x 32 x 127 = 32,512). The halves
-// (inputs 0..15 and 16..31, the low and high nibbles) keep their own sums, one scale each.
-//
-// Q4_K blocks (256 weights share a float16 d and dmin, each 32 of them a 6-bit scale and min,
-// w = d sc q - dmin m with q in 0..15) run as Q4_1 does, with the block's d sc and -dmin m formed
-// in float32 from the file's own fields (4.625 bits a weight in records, where Q4_1 takes 5).
-//
 // Layout, packed once at load (quant_pack_i8): groups of 8 output rows; per group and block one
 // record. Q4_1, 160 bytes: 4 vectors of 32 bytes, vector v holding, for row j of the group, the q of
 // inputs 4v..4v+3 (low nibbles) and 16+4v..16+4v+3 (high nibbles) in bytes 4j..4j+3; then the 8
 // rows' d and then their m as float16 (the blocks' own bits: GGML's 20 bytes per 32 weights).
 // Broadcasting 4 bytes of qx against a vector gives 8 rows' partial dot products at once, lane j
 // for row j. Q8_0, 272 bytes: 8 vectors, vector v holding row j's q of
-// inputs 4v..4v+3 in bytes 4j..4j+3, then the 8 rows' d as float16. Q6_K, 224 bytes: Q4_1's 4
-// vectors of low 4 bits; 2 vectors of high 2 bits, vector u holding in byte 4j+t the bits of
-// inputs 8u+t, 16+8u+t, 8u+4+t and 16+8u+4+t (bits 0-1, 2-3, 4-5, 6-7); the 8 rows' d sc of
-// inputs 0..15, then of 16..31, as float16. Q4_K, 1,184 bytes per super-block of 256: the 8
-// blocks' q as Q4_1 records hold them (8 x 128 bytes), the 8 rows' d and -dmin as float16, then
-// per block the 8 rows' 6-bit scales, then mins, a byte each.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+// inputs 4v..4v+3 in bytes 4j..4j+3, then the 8 rows' d as float16. Q6_K and Q4_K run from their
+// own bits (quant_i8_kquant.h). The shared helpers (rounding x, the Q4 block's dot products, the
+// record sizes) are in quant_i8.h.
+#include "quant_i8.h"
+#include "quant_i8_kquant.h"
+
 #include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <vector>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define TANDEM_QUANT_I8 1
-#endif
 
 namespace {
 
-constexpr int64_t kGroup = 8, kBlock = 32;
-constexpr int kQ4_1 = 0, kQ8_0 = 1, kQ6_K = 2, kQ4_K = 3;      // tandem.models.quant (QTYPES, Q6_K_I8, Q4_K_I8)
-// Bytes per record: per 32 inputs for Q4_1, Q8_0 and Q6_K; per super-block of 256 for Q4_K.
-constexpr int64_t record_bytes(int qtype) {
-  return qtype == kQ4_1 ? 160 : qtype == kQ8_0 ? 272 : qtype == kQ6_K ? 224 : 1184;
-}
-// Bytes of the file's blocks per 32 weights; K-quant super-blocks of 256 take 210 (Q6_K) and 144 (Q4_K).
-constexpr int64_t kSuper = 256, kQ6_KBytes = 210, kQ4_KBytes = 144;
-constexpr int64_t source_block_bytes(int qtype) { return qtype == kQ4_1 ? 20 : 34; }
-constexpr bool valid_qtype(int64_t q) { return q == kQ4_1 || q == kQ8_0 || q == kQ6_K || q == kQ4_K; }
-constexpr bool k_quant(int64_t q) { return q == kQ6_K || q == kQ4_K; }
-constexpr const char* qtype_name(int64_t q) {
-  return q == kQ4_1 ? "Q4_1" : q == kQ8_0 ? "Q8_0" : q == kQ6_K ? "Q6_K" : "Q4_K";
-}
-// Bytes per row of the file's blocks for K inputs.
-constexpr int64_t source_row_bytes(int64_t qtype, int64_t k) {
-  return qtype == kQ6_K ? k / kSuper * kQ6_KBytes : qtype == kQ4_K ? k / kSuper * kQ4_KBytes
-                        : k / kBlock * source_block_bytes(static_cast<int>(qtype));
-}
-// Bytes per group of 8 rows of records for K inputs.
-constexpr int64_t group_bytes(int qtype, int64_t k) {
-  return qtype == kQ4_K ? k / kSuper * record_bytes(qtype) : k / kBlock * record_bytes(qtype);
-}
-constexpr int64_t kPrefetch = 2048;  // bytes ahead of the record being read
-constexpr int64_t kChunkRows = 96;   // rows per pass over the weights: their qx (<= 150 KB) stay in L2
-
 #ifdef TANDEM_QUANT_I8
-inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-inline int32_t hsum8i(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-  return _mm_cvtsi128_si32(s);
-}
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::BFloat16* p) {      // bfloat16 is float32's upper half: widen and shift
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
-inline void put(float* y, float v) { *y = v; }
-inline void put(at::BFloat16* y, float v) { *y = at::BFloat16(v); }     // round to nearest even
-
-// One row of x -> qx (int8), dx and sx per block of 32 (llama.cpp's quantize_row_q8_1).
-template <typename X>
-void quantize_row(const X* x, int64_t k, int8_t* qx, float* dx, float* sx) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    const X* p = x + b * kBlock;
-    __m256 v0 = load8(p), v1 = load8(p + 8), v2 = load8(p + 16), v3 = load8(p + 24);
-    __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    const float amax = hmax8(a), d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-    const __m256 s = _mm256_set1_ps(id);
-    const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, s), _MM_FROUND_TO_NEAREST_INT)),
-                  i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, s), _MM_FROUND_TO_NEAREST_INT)),
-                  i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, s), _MM_FROUND_TO_NEAREST_INT)),
-                  i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, s), _MM_FROUND_TO_NEAREST_INT));
-    dx[b] = d;
-    sx[b] = d * static_cast<float>(hsum8i(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3))));
-    // int32 -> int8 in order: the packs interleave 128-bit lanes, the permutation undoes it
-    const __m256i q = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3)), perm);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx + b * kBlock), q);
-  }
-}
-
-inline __m256i bcast4(const int8_t* p) {
-  int32_t t;
-  std::memcpy(&t, p, 4);
-  return _mm256_set1_epi32(t);
-}
-
-// The cache lines kPrefetch bytes past a record: the hardware prefetcher alone leaves the LM head's
-// weight stream at 12 GB/s on a 2-core AVX2 EPYC, this takes it past 34.
-template <int LINES>
-inline void prefetch_ahead(const uint8_t* rec) {
-  for (int i = 0; i < LINES; ++i) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + 64 * i), _MM_HINT_T0);
-}
-
-template <int MR, typename Y>
-inline void store_tile(Y* y, int64_t ldy, __m256 a0, __m256 a1, __m256 a2, __m256 a3, const float* bias,
-                       int64_t cols) {
-  alignas(32) float t[4][kGroup];
-  _mm256_store_ps(t[0], a0); _mm256_store_ps(t[1], a1); _mm256_store_ps(t[2], a2); _mm256_store_ps(t[3], a3);
-  for (int r = 0; r < MR; ++r)
-    for (int64_t j = 0; j < cols; ++j) put(y + r * ldy + j, t[r][j] + (bias != nullptr ? bias[j] : 0.f));
-}
-
-// MR rows of qx against one block of 4-bit q (128 bytes in Q4_1's record order), w = d q + m, with
-// the 8 rows' d and m given: adds to the accumulators.
-template <int MR>
-inline void block_q4(const uint8_t* q, const int8_t* x0, int64_t k, __m256 d, __m256 m, const float* dx,
-                     const float* sx, int64_t nb, __m256& a0, __m256& a1, __m256& a2, __m256& a3) {
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-  for (int v = 0; v < 4; ++v) {
-    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * v));
-    const __m256i lo = _mm256_and_si256(wv, low), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), low);
-#define TANDEM_I8_ROW(R, S)                                                                         \
-    if constexpr (MR > R) {                                                                         \
-      S = _mm256_add_epi16(S, _mm256_maddubs_epi16(lo, bcast4(x0 + R * k + 4 * v)));                \
-      S = _mm256_add_epi16(S, _mm256_maddubs_epi16(hi, bcast4(x0 + R * k + 16 + 4 * v)));           \
-    }
-    TANDEM_I8_ROW(0, s0) TANDEM_I8_ROW(1, s1) TANDEM_I8_ROW(2, s2) TANDEM_I8_ROW(3, s3)
-#undef TANDEM_I8_ROW
-  }
-  // With 1 or 2 rows the m terms go to the spare accumulators a2 / a3: two FMA chains per row
-  // instead of one twice as long, which at one row would bound the loop at 8 cycles a block.
-#define TANDEM_I8_FIN(R, A, C, S)                                                                     \
-  if constexpr (MR > R) {                                                                             \
-    A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S, ones)), _mm256_mul_ps(d, _mm256_set1_ps(dx[R * nb])), A); \
-    C = _mm256_fmadd_ps(m, _mm256_set1_ps(sx[R * nb]), C);                                            \
-  }
-  if constexpr (MR <= 2) {
-    TANDEM_I8_FIN(0, a0, a2, s0) TANDEM_I8_FIN(1, a1, a3, s1)
-  } else {
-    TANDEM_I8_FIN(0, a0, a0, s0) TANDEM_I8_FIN(1, a1, a1, s1) TANDEM_I8_FIN(2, a2, a2, s2) TANDEM_I8_FIN(3, a3, a3, s3)
-  }
-#undef TANDEM_I8_FIN
-}
-
 // MR rows of qx against one group's Q4_1 records: 8 outputs per row.
 template <int MR, typename Y>
 inline void tile_q4_1(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
@@ -196,33 +48,6 @@ inline void tile_q4_1(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const floa
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 128)));
     const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 144)));
     block_q4<MR>(rec, qx + b * kBlock, k, d, m, dx + b, sx + b, nb, a0, a1, a2, a3);
-  }
-  if constexpr (MR <= 2) {
-    a0 = _mm256_add_ps(a0, a2);
-    a1 = _mm256_add_ps(a1, a3);
-  }
-  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
-}
-
-inline __m256 u8x8(const uint8_t* p) {       // 8 bytes -> 8 floats
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
-// MR rows of qx against one group's Q4_K records (a super-block of 256 inputs each): 8 outputs per row.
-template <int MR, typename Y>
-inline void tile_q4_k(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
-                      const uint8_t* rec, const float* bias, int64_t cols) {
-  const int64_t nb = k / kBlock;
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t sb = 0; sb < k / kSuper; ++sb, rec += record_bytes(kQ4_K)) {
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 1024)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 1040)));
-    for (int t = 0; t < 8; ++t) {
-      const int64_t b = sb * 8 + t;
-      prefetch_ahead<2>(rec + 128 * t);
-      block_q4<MR>(rec + 128 * t, qx + b * kBlock, k, _mm256_mul_ps(d, u8x8(rec + 1056 + 8 * t)),
-                   _mm256_mul_ps(dmin, u8x8(rec + 1120 + 8 * t)), dx + b, sx + b, nb, a0, a1, a2, a3);
-    }
   }
   if constexpr (MR <= 2) {
     a0 = _mm256_add_ps(a0, a2);
@@ -262,49 +87,6 @@ inline void tile_q8_0(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const floa
   store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
 }
 
-// MR rows of qx against one group's Q6_K records: 8 outputs per row.
-template <int MR, typename Y>
-inline void tile_q6_k(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* /*sx*/,
-                      const uint8_t* rec, const float* bias, int64_t cols) {
-  const int64_t nb = k / kBlock;
-  const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30), off = _mm256_set1_epi8(32),
-                ones = _mm256_set1_epi16(1);
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t b = 0; b < nb; ++b, rec += record_bytes(kQ6_K)) {
-    const int8_t* x0 = qx + b * kBlock;
-    prefetch_ahead<4>(rec);     // a 224-byte record spans up to 4 lines
-    __m256i l0 = _mm256_setzero_si256(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
-    for (int v = 0; v < 4; ++v) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * v));
-      const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128 + 32 * (v >> 1)));
-      // high 2 bits to bits 4-5: from bits 0-1 / 2-3 (even v) or 4-5 / 6-7 (odd v) of each byte
-      const __m256i hl = _mm256_and_si256(v & 1 ? hv : _mm256_slli_epi16(hv, 4), two);
-      const __m256i hh = _mm256_and_si256(v & 1 ? _mm256_srli_epi16(hv, 2) : _mm256_slli_epi16(hv, 2), two);
-      const __m256i lo = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(wv, low), hl), off);
-      const __m256i hi = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(wv, 4), low), hh), off);
-      const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
-#define TANDEM_I8_ROW(R, L, H)                                                                               \
-      if constexpr (MR > R) {                                                                                \
-        L = _mm256_add_epi16(L, _mm256_maddubs_epi16(alo, _mm256_sign_epi8(bcast4(x0 + R * k + 4 * v), lo)));  \
-        H = _mm256_add_epi16(H, _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(bcast4(x0 + R * k + 16 + 4 * v), hi))); \
-      }
-      TANDEM_I8_ROW(0, l0, h0) TANDEM_I8_ROW(1, l1, h1) TANDEM_I8_ROW(2, l2, h2) TANDEM_I8_ROW(3, l3, h3)
-#undef TANDEM_I8_ROW
-    }
-    const __m256 dl = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 192)));
-    const __m256 dh = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 208)));
-#define TANDEM_I8_FIN(R, A, L, H)                                                                              \
-    if constexpr (MR > R) {                                                                                    \
-      const __m256 s = _mm256_set1_ps(dx[R * nb + b]);                                                         \
-      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(L, ones)), _mm256_mul_ps(dl, s), A);            \
-      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(H, ones)), _mm256_mul_ps(dh, s), A);            \
-    }
-    TANDEM_I8_FIN(0, a0, l0, h0) TANDEM_I8_FIN(1, a1, l1, h1) TANDEM_I8_FIN(2, a2, l2, h2) TANDEM_I8_FIN(3, a3, l3, h3)
-#undef TANDEM_I8_FIN
-  }
-  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
-}
-
 template <int MR, typename Y>
 inline void tile(int qtype, Y* y, int64_t ldy, const int8_t* qx, int64_t k, const float* dx, const float* sx,
                  const uint8_t* rec, const float* bias, int64_t cols) {
@@ -324,66 +106,6 @@ bool i8_linear_available() {
   return false;
 #endif
 }
-
-#ifdef TANDEM_QUANT_I8
-namespace {
-
-// One Q6_K super-block (ggml's block_q6_K: ql[128], qh[64], int8 scales[16], float16 d) -> its 256
-// q (0..63) in input order and its 16 scales times d.
-void decode_q6_k(const uint8_t* blk, uint8_t* q, float* dsc) {
-  const float d = static_cast<float>(c10::Half(*reinterpret_cast<const uint16_t*>(blk + 208), c10::Half::from_bits()));
-  for (int n = 0; n < 2; ++n) {
-    const uint8_t* ql = blk + 64 * n;
-    const uint8_t* qh = blk + 128 + 32 * n;
-    for (int l = 0; l < 32; ++l) {
-      q[128 * n + l] = static_cast<uint8_t>((ql[l] & 0x0F) | ((qh[l] & 3) << 4));
-      q[128 * n + l + 32] = static_cast<uint8_t>((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
-      q[128 * n + l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-      q[128 * n + l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
-    }
-  }
-  for (int i = 0; i < 16; ++i) dsc[i] = d * static_cast<float>(static_cast<int8_t>(blk[192 + i]));
-}
-
-// Row j's part of a Q6_K record for inputs q[0..31] (see the layout above).
-void pack_q6_k_row(uint8_t* rec, int64_t j, const uint8_t* q, float dlo, float dhi) {
-  for (int v = 0; v < 4; ++v)
-    for (int t = 0; t < 4; ++t) {
-      rec[32 * v + 4 * j + t] = static_cast<uint8_t>((q[4 * v + t] & 0x0F) | ((q[16 + 4 * v + t] & 0x0F) << 4));
-      const int shift = 4 * (v & 1);
-      rec[128 + 32 * (v >> 1) + 4 * j + t] |=
-          static_cast<uint8_t>((((q[4 * v + t] >> 4) & 3) | (((q[16 + 4 * v + t] >> 4) & 3) << 2)) << shift);
-    }
-  const uint16_t lo = c10::Half(dlo).x, hi = c10::Half(dhi).x;
-  std::memcpy(rec + 192 + 2 * j, &lo, 2);
-  std::memcpy(rec + 208 + 2 * j, &hi, 2);
-}
-
-// Row j's part of a Q4_K record from its super-block (ggml's block_q4_K: float16 d and dmin, 12
-// bytes of 6-bit scales and mins for 8 sub-blocks of 32, 128 bytes of q, sub-blocks 2c and 2c + 1
-// in the low and high nibbles of bytes 32c..32c+31; w = d sc q - dmin m).
-void pack_q4_k_row(uint8_t* rec, int64_t j, const uint8_t* blk) {
-  std::memcpy(rec + 1024 + 2 * j, blk, 2);
-  const uint16_t neg_dmin = static_cast<uint16_t>(*reinterpret_cast<const uint16_t*>(blk + 2) ^ 0x8000);
-  std::memcpy(rec + 1040 + 2 * j, &neg_dmin, 2);      // -dmin: the records add m
-  const uint8_t* sc = blk + 4;
-  for (int t = 0; t < 8; ++t) {
-    // ggml's get_scale_min_k4
-    const uint8_t scale = t < 4 ? sc[t] & 63 : (sc[t + 4] & 0x0F) | ((sc[t - 4] >> 6) << 4);
-    const uint8_t mn = t < 4 ? sc[t + 4] & 63 : (sc[t + 4] >> 4) | ((sc[t] >> 6) << 4);
-    rec[1056 + 8 * t + j] = scale;
-    rec[1120 + 8 * t + j] = mn;
-    uint8_t q[kBlock];
-    const uint8_t* qs = blk + 16 + 32 * (t / 2);
-    for (int i = 0; i < kBlock; ++i) q[i] = t % 2 == 0 ? qs[i] & 0x0F : qs[i] >> 4;
-    for (int v = 0; v < 4; ++v)
-      for (int u = 0; u < 4; ++u)
-        rec[128 * t + 32 * v + 4 * j + u] = static_cast<uint8_t>(q[4 * v + u] | (q[16 + 4 * v + u] << 4));
-  }
-}
-
-}  // namespace
-#endif
 
 // GGML Q4_1 (qtype 0), Q8_0 (qtype 1), Q6_K (qtype 2) or Q4_K (qtype 3) blocks uint8 [N, K/32 * 20 |
 // K/32 * 34 | K/256 * 210 | K/256 * 144] -> uint8 [ceil(N/8), K/32 * 160 | 272 | 224 | K/256 * 1184]
