@@ -103,3 +103,26 @@ def test_engine_built_on_its_own_thread_serves_and_build_errors_reach_the_caller
 
     with pytest.raises(TandemError):
         AsyncLLMEngine(broken)
+
+
+def test_an_idle_engine_hands_free_heap_back_at_most_once_per_interval(aengine):
+    """After a request the idle engine thread trims the C heap (glibc's malloc_trim), not on every
+    idle poll: the interval bounds it."""
+    import platform
+    import time
+
+    from tandem.engine.async_engine import HeapTrim
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("malloc_trim is glibc's")
+    asyncio.run(collect(aengine, [5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True)))
+    deadline = time.monotonic() + 5
+    while aengine.heap.num_trims == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert aengine.heap.num_trims >= 1
+    trim = HeapTrim(interval_s=60.0)
+    for now in (100.0, 100.5, 159.0):
+        trim.idle(now)
+    assert trim.num_trims == 1
+    trim.idle(160.5)
+    assert trim.num_trims == 2
