@@ -49,11 +49,7 @@ inline void tile_q4_1(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const floa
     const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 144)));
     block_q4<MR>(rec, qx + b * kBlock, k, d, m, dx + b, sx + b, nb, a0, a1, a2, a3);
   }
-  if constexpr (MR <= 2) {
-    a0 = _mm256_add_ps(a0, a2);
-    a1 = _mm256_add_ps(a1, a3);
-  }
-  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
+  store_tile_q4<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
 }
 
 // MR rows of qx against one group's Q8_0 records: 8 outputs per row.

@@ -145,6 +145,18 @@ inline void block_q4(const uint8_t* q, const int8_t* x0, int64_t k, __m256 d, __
 #undef TANDEM_I8_FIN
 }
 
+// The tile's outputs after its blocks went through block_q4: with 1 or 2 rows the m terms sit in
+// a2 / a3 and are added back first.
+template <int MR, typename Y>
+inline void store_tile_q4(Y* y, int64_t ldy, __m256 a0, __m256 a1, __m256 a2, __m256 a3, const float* bias,
+                          int64_t cols) {
+  if constexpr (MR <= 2) {
+    a0 = _mm256_add_ps(a0, a2);
+    a1 = _mm256_add_ps(a1, a3);
+  }
+  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
+}
+
 #endif
 
 }  // namespace

@@ -46,11 +46,7 @@ inline void tile_q4_k(Y* y, int64_t ldy, const int8_t* qx, int64_t k, const floa
                    _mm256_mul_ps(dmin, u8x8(rec + 1120 + 8 * t)), dx + b, sx + b, nb, a0, a1, a2, a3);
     }
   }
-  if constexpr (MR <= 2) {
-    a0 = _mm256_add_ps(a0, a2);
-    a1 = _mm256_add_ps(a1, a3);
-  }
-  store_tile<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
+  store_tile_q4<MR>(y, ldy, a0, a1, a2, a3, bias, cols);
 }
 
 // MR rows of qx against one group's Q6_K records: 8 outputs per row.
