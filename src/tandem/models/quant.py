@@ -156,22 +156,21 @@ def head_tensor(tensors: dict) -> str:
 _BLOCK_BYTES = {0: (32, 20), 1: (32, 34), Q6_K_I8: (256, 210), Q4_K_I8: (256, 144)}   # record type -> (weights, bytes)
 
 
-def _i8_part(t, heads: int | None, k: int) -> tuple[np.ndarray, int] | None:
+def _i8_part(t, heads: int | None, k: int, as_type) -> tuple[np.ndarray, int] | None:
     """A part's blocks for the 8-bit kernel and their record type: K-quants as the file stores
-    them (NATIVE_I8), other types as the weight-only kernel takes them; None if the row size does
-    not fit."""
+    them (NATIVE_I8), other types as the weight-only kernel takes them (`as_type(qtype)`, Q/K rows
+    un-permuted); None if the row size does not fit."""
     from tandem.models.gguf_convert import unpermute_qk
 
     kind = t.tensor_type.name
     if kind in NATIVE_I8 and k % 256 == 0:
         rtype, blocks = NATIVE_I8[kind], np.asarray(t.data)
+        blocks = unpermute_qk(blocks, heads) if heads else blocks
     else:
         rtype = _kernel_type(t)
-        blocks = _blocks(t, rtype)
+        blocks = as_type(rtype)
     weights, nbytes = _BLOCK_BYTES[rtype]
-    if blocks.shape[1] != k // weights * nbytes:
-        return None
-    return (unpermute_qk(blocks, heads) if heads else blocks), rtype
+    return (blocks, rtype) if blocks.shape[1] == k // weights * nbytes else None
 
 
 def _read_only(blocks: np.ndarray) -> torch.Tensor:
@@ -199,17 +198,28 @@ def attach_blocks(linear, tensors: dict, parts: list[tuple[str, int | None]], op
     k = linear.in_features
     i8 = activations == "int8" and getattr(ops, "i8_linear_available", lambda: False)() \
         and linear.dtype in (torch.float32, torch.bfloat16)
-    i8_parts = [_i8_part(tensors[name], heads, k) for name, heads in parts] if i8 else []
+    made: dict[tuple[str, int], np.ndarray] = {}
+
+    def as_type(name: str, heads: int | None, qtype: int) -> np.ndarray:
+        """Part `name`'s blocks as kernel type `qtype`, Q/K rows un-permuted: made once per type (a
+        repack or requantization serves both kernels)."""
+        if (name, qtype) not in made:
+            got = _blocks(tensors[name], qtype)
+            made[(name, qtype)] = unpermute_qk(got, heads) if heads else got
+        return made[(name, qtype)]
+
+    i8_parts = [_i8_part(tensors[name], heads, k, lambda q, n=name, h=heads: as_type(n, h, q))
+                for name, heads in parts] if i8 else []
     if None in i8_parts or sum(b.shape[0] for b, _ in i8_parts) not in (0, linear.out_features):
         return False
     qtype = types[0] if len(set(types)) == 1 else 1   # mixed (Q4_K_M's Q4_K q/k with Q6_K v): all Q8_0
     if i8 and not weight_only:
         data = torch.empty(0, dtype=torch.uint8)
     else:
-        got = [_blocks(tensors[name], qtype) for name, _ in parts]
-        rows = [unpermute_qk(g, heads) if heads else g for g, (_, heads) in zip(got, parts)]
+        rows = [as_type(name, heads, qtype) for name, heads in parts]
         data = torch.from_numpy(np.ascontiguousarray(np.concatenate(rows, axis=0)))
-        if data.shape[0] != linear.out_features or data.shape[1] != k // 32 * (20 if qtype == 0 else 34):
+        weights, nbytes = _BLOCK_BYTES[qtype]
+        if data.shape[0] != linear.out_features or data.shape[1] != k // weights * nbytes:
             return False
     if data.numel() and linear.dtype == torch.bfloat16 and getattr(ops, "bf16_linear_available", lambda: False)():
         linear.quant = QuantWeight(ops.quant_pack_bf16(data, qtype, linear.out_features, k), qtype, k,
