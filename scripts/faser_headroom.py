@@ -32,7 +32,14 @@ scenario's main rows) except in the last column. Prefill is left out: no length 
 The oracle's tokens/s over the strongest of the other three bounds what per-request control can
 add to a decode step; mean latency over the day and saturation throughput move by no more.
 
+`--day` bounds what hiding the drafting can give over the scenario's whole day (prefill, the
+draft model's smaller KV cache and queueing included): the scenario's saturation capacity and
+diurnal day, with every draft-model forward free (`FreeDrafting`: a step costs its verification
+alone), under the adaptive length and fixed k = 1, 2, 4. No scheme that drafts beside verification
+(overlapped frontiers, run-ahead) can do better than these.
+
     python scripts/faser_headroom.py --json docs/results/faser_headroom.json
+    python scripts/faser_headroom.py --day --json docs/results/faser_headroom_day.json     # ~1 min
 """
 
 from __future__ import annotations
@@ -127,6 +134,57 @@ def one_batch(b: int, context: int, rng: random.Random, plain, spec) -> dict[str
     return out
 
 
+class FreeDrafting:
+    """A cost model whose draft-model forwards cost nothing (the bound of hidden drafting)."""
+
+    def __init__(self, cost) -> None:
+        self.cost = cost
+
+    def __getattr__(self, name: str):
+        return getattr(self.cost, name)
+
+    def draft_time_s(self, shape: StepShape) -> float:
+        return 0.0
+
+    def step_time_s(self, shape: StepShape) -> float:
+        return self.cost.verify_time_s(shape, first=True) if shape.num_seqs else 0.0
+
+    def concurrent_time_s(self, verify: StepShape, first: bool, draft: StepShape) -> float:
+        return self.cost.verify_time_s(verify, first)
+
+
+def day_bound(seed: int) -> dict:
+    """The FASER scenario's saturation and diurnal day with drafting free (see the module)."""
+    from tandem.sim.build import SimConfig
+    from tandem.sim.run import saturation_capacity
+    from tandem.sim.scenarios.common import RunSpec, default_scheduler, run_config, run_one
+    from tandem.sim.scenarios.faser import FaserOptions, _spec, timeline
+    from tandem.sim.workload import WorkloadSpec, build_workload
+
+    opts = FaserOptions(seed=seed)
+    plain = make_cost_model(opts.hardware, opts.target, num_gpus=opts.num_gpus)
+    free = FreeDrafting(make_cost_model(opts.hardware, opts.target, opts.draft, num_gpus=opts.num_gpus))
+    base = SimConfig(scheduler=default_scheduler(), seed=seed)
+    acc = {"acceptance": dict(PUBLISHED_ACCEPTANCE)}
+    sat = build_workload(WorkloadSpec(dataset="synthetic", arrival="poisson",
+                                      num_requests=opts.saturation_requests, **acc), seed)
+    peak = saturation_capacity(plain, run_config(base, RunSpec("no-sd")), sat)     # the scenario's day
+    ratio = opts.peak_valley_ratio
+    mean_rate = peak * (1 + ratio) / (2 * ratio)
+    period = opts.num_requests / mean_rate
+    day = WorkloadSpec(dataset="synthetic", arrival="diurnal", num_requests=opts.num_requests, rate=mean_rate,
+                       peak_valley_ratio=ratio, period_s=period, **acc)
+    rows = []
+    for run in (RunSpec("adaptive", spec=_spec("adaptive")), *(RunSpec(f"fixed-{k}", spec=_spec("fixed", k))
+                                                               for k in (1, 2, 4))):
+        row = run_one(free, base, run, day, None, seed, None, extra=lambda recs: timeline(recs, period, 24))
+        rows.append({"label": run.label, "saturation_rps": saturation_capacity(free, run_config(base, run), sat),
+                     "e2e_mean_s": row["summary"]["e2e_s"]["mean"], "e2e_p99_s": row["summary"]["e2e_s"]["p99"]})
+        print(f"  drafting free, {run.label:<9} saturation {rows[-1]['saturation_rps']:6.2f} req/s "
+              f"(no SD {peak:.2f})  day E2E mean {rows[-1]['e2e_mean_s']:.2f} s", flush=True)
+    return {"no_sd_saturation_rps": peak, "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
@@ -134,7 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=20, help="random batches per size (default 20)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--day", action="store_true", help="bound the whole day with drafting free instead")
     args = ap.parse_args(argv)
+    if args.day:
+        out = {"command": " ".join(sys.argv), "seed": args.seed, **day_bound(args.seed)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return 0
     plain = make_cost_model("H100-80GB", "qwen3-32b", num_gpus=2)
     spec = make_cost_model("H100-80GB", "qwen3-32b", "qwen3-0.6b", num_gpus=2)
     rng = random.Random(args.seed)

@@ -118,6 +118,7 @@ class ModelConfig:
 
 SPEC_METHODS = ("ngram", "suffix", "draft", "layerskip")
 SPEC_POLICIES = ("adaptive", "fixed", "table", "survival", "none")
+RUN_AHEAD = ("off", "auto", "always")
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,10 @@ class SpecConfig:
       probability (running product of per-position acceptance EMAs) while the step-cost model says
       the marginal slot pays;
     - none: proposer wired in but never used (for A/B runs).
+
+    `run_ahead` (the simulator's executor only, for now): while a step verifies, draft the next
+    step's tokens on the guess that every draft and the bonus token hold ("auto": where the
+    scheduler's cost model expects it to pay, from acceptance and load; "always": every step).
     """
 
     method: str = "ngram"
@@ -156,6 +161,7 @@ class SpecConfig:
     early_exit_topk: int = 8            # the check: is the draft token among the top-k at that layer?
     overlap: bool = False               # draft frontier f+1 while frontier f is verified (model drafters)
     draft_threads: int = 1              # CPU threads the overlapped drafter gets (the verifier keeps the rest)
+    run_ahead: str = "off"              # off | auto | always: draft step t+1 while step t verifies
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
@@ -203,6 +209,11 @@ class SpecConfig:
                               "one pass: set frontier_size >= 1")
         if self.overlap and self.frontier_size < 1:
             raise ConfigError("overlap drafts frontier f+1 while frontier f is verified: set frontier_size >= 1")
+        if self.run_ahead not in RUN_AHEAD:
+            raise ConfigError(f"run_ahead must be one of {RUN_AHEAD}, got {self.run_ahead!r}")
+        if self.run_ahead != "off" and (self.policy != "adaptive" or self.frontier_size):
+            raise ConfigError("run_ahead needs the adaptive length policy and verification in one pass "
+                              "(frontier_size 0): it drafts the next step's lengths the policy chooses")
         if any(b < 1 or k < 0 for b, k in self.length_table):
             raise ConfigError("length_table entries must be (batch size >= 1, length >= 0)")
 

@@ -128,6 +128,8 @@ class DraftState:
     available: int | None = None    # drafts the proposer can offer next step (None: unlimited)
     num_seen: int = 0               # tokens the proposer has read (a draft model catches up on the
                                     # rest, its whole prompt at first, before drafting)
+    ready: int = 0                  # drafts made ahead during the last step whose guess held: the
+                                    # next step verifies them without drafting (run-ahead)
 
 
 @dataclass
@@ -274,6 +276,9 @@ class ScheduledSeq:
     num_output_tokens: int          # output tokens so far (for min_tokens)
     stop_token_ids: frozenset[int] = frozenset()
     num_draft_tokens: int = 0
+    # Run-ahead: drafts for the request's next step, made while this step verifies, on the guess
+    # that all of this step's drafts and the bonus token match the drafter's own continuation.
+    num_ahead_tokens: int = 0
     history: list[int] = field(default_factory=list)
 
     @classmethod
@@ -342,6 +347,12 @@ class StepResult:
     # measured by the executor so that the step-cost model can tell drafting from verifying.
     draft_s: float = 0.0
     draft_pass_s: float = 0.0
+    # Run-ahead: drafts made ahead whose guess held, per request (what the next step can verify
+    # without drafting); seconds the drafting ahead took alone, and what it added to the step
+    # beyond the verification running beside it (0 where it was hidden).
+    draft_ready: dict[str, int] = field(default_factory=dict)
+    ahead_s: float = 0.0
+    ahead_exposed_s: float = 0.0
 
 
 @dataclass(frozen=True)

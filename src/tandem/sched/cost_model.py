@@ -33,6 +33,13 @@ pull it up, and drafts look cheaper than they are.) A second line over steps of 
 rows only was tried and measured worse: at saturation every plain step has the same rows, so it
 has no slope to learn, and anchored on plain decode steps it prices a draft as a new sequence
 with its own KV reads, three times dearer on a GPU than it is.
+
+Drafting run ahead (the next step's drafts made while this step verifies) is reported apart:
+how long it took alone (`ahead_s`) and what it added to the step beyond the verification beside
+it (`ahead_exposed_s`: 0 where it hid completely, more where the two share the machine). The
+target's line is fitted to the step less both, its passes join the proposer's, and
+`exposed_share(rows)` is the weighted median of exposed / alone near a number of rows drafting
+ahead (`EXPOSED_PRIOR` until steps near that many rows are measured).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from collections import deque
 _SIGMA = 0.6           # neighbourhood width in log(tokens): ~x1.8 either side
 _ANCHOR_WEIGHT = 5.0   # a profile point counts as this many observations
 _CATCH_UP_MIN = 16     # steps whose proposer caught up on fewer tokens teach nothing about it
+EXPOSED_PRIOR = 0.0    # share of drafting run ahead that shows in a step before any is measured: none
 
 
 class StepCostModel:
@@ -65,17 +73,25 @@ class StepCostModel:
         self._grouped: tuple[int, list[tuple[float, float, float, float]]] | None = None
         self._drafts: deque[tuple[float, float]] = deque(maxlen=window // 4)  # (decode rows, s per draft)
         self._plain: dict[int, float] = {}     # tokens -> mean seconds of steps of that size without drafts
+        self._exposed: deque[tuple[float, float]] = deque(maxlen=window // 4)  # (rows ahead, exposed share)
 
     def observe(self, num_tokens: int, duration_s: float, draft_s: float = 0.0, draft_pass_s: float = 0.0,
                 draft_rows: int = 0, draft_depth: int = 0, catch_up_tokens: int = 0,
-                verified_drafts: int = 0, decode_rows: int = 0) -> None:
+                verified_drafts: int = 0, decode_rows: int = 0, ahead_s: float = 0.0,
+                ahead_exposed_s: float = 0.0, ahead_rows: int = 0, ahead_depth: int = 0) -> None:
         """One step: `num_tokens` computed by the target (drafts included) in `duration_s`, of which
         the proposer took `draft_s`: `draft_depth` passes of `draft_pass_s` each over `draft_rows`
         rows, after feeding it the `catch_up_tokens` it had not read. `verified_drafts` of the
-        tokens were drafts verified beside `decode_rows` decodes (see `draft_times`)."""
+        tokens were drafts verified beside `decode_rows` decodes (see `draft_times`). Drafting run
+        ahead: `ahead_depth` passes over `ahead_rows` rows took `ahead_s` alone and added
+        `ahead_exposed_s` to the step."""
         if num_tokens <= 0 or duration_s <= 0:
             return
-        target_s = max(1e-6, float(duration_s) - max(0.0, draft_s))
+        if ahead_s > 0 and ahead_rows > 0:
+            self._exposed.append((float(ahead_rows), min(1.0, max(0.0, ahead_exposed_s) / ahead_s)))
+            if ahead_depth > 0:
+                self._passes.append((float(ahead_rows), ahead_s / ahead_depth))
+        target_s = max(1e-6, float(duration_s) - max(0.0, draft_s) - max(0.0, ahead_exposed_s))
         if verified_drafts <= 0:
             old = self._plain.get(num_tokens)
             self._plain[num_tokens] = target_s if old is None else 0.8 * old + 0.2 * target_s
@@ -111,6 +127,13 @@ class StepCostModel:
 
     def _median_pass(self, rows: int) -> float:
         return _weighted_median(self._passes, rows) or 0.0
+
+    def exposed_share(self, rows: int) -> float:
+        """What share of drafting run ahead over `rows` rows shows in a step's time."""
+        if rows <= 0:
+            return 0.0
+        share = _weighted_median(self._exposed, rows, min_weight=4.0)
+        return EXPOSED_PRIOR if share is None else share
 
     def measured(self, num_tokens: int, enough: int = 2, within: float = 1.25) -> bool:
         """Whether `enough` recent steps computed within a factor `within` of `num_tokens` tokens

@@ -127,6 +127,7 @@ class PauseBook:
         """r's device KV is gone or will move blocks (here or in the scheduler): so is whatever a
         draft model read of it; the next plan says so."""
         r.draft.num_seen = 0
+        r.draft.ready = 0
         self.released.append(r.request_id)
 
     def take_released(self) -> list[str]:

@@ -303,6 +303,7 @@ class Scheduler(Admission):
         self._num_preempted_tokens += request.num_computed_tokens
         request.num_computed_tokens = 0
         request.draft.num_seen = 0                # the runner drops its proposer state too
+        request.draft.ready = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.num_preemptions += 1
@@ -336,6 +337,9 @@ class Scheduler(Admission):
         for rid, n in result.draft_available.items():
             if rid in self.requests:
                 self.requests[rid].draft.available = n
+        for seq in plan.seqs:
+            if seq.sample and (r := self.requests.get(seq.request_id)) is not None:
+                r.draft.ready = result.draft_ready.get(seq.request_id, 0)
         if self._step_started is not None and self.tpot_guard is not None:
             self.tpot_guard.observe(now - self._step_started, self._step_had_decodes)
         if self._step_started is None or plan.frontier_size:
@@ -343,8 +347,13 @@ class Scheduler(Admission):
         unused = sum(s.num_draft_tokens - result.num_draft_tokens.get(s.request_id, 0) for s in plan.seqs)
         verified = sum(result.num_draft_tokens.values())
         decodes = sum(1 for s in plan.seqs if s.num_tokens == 1 and s.sample)
+        if self.drafts.run_ahead is None:
+            rows, depth = len(result.num_draft_tokens), max(result.num_draft_tokens.values(), default=0)
+        else:               # drafts made ahead were verified without passes in this step
+            rows, depth = self.drafts.open_passes
+        ahead_rows, ahead_depth = self.drafts.ahead_passes
         self.cost.observe(plan.num_tokens - unused, now - self._step_started, result.draft_s,
-                          result.draft_pass_s, len(result.num_draft_tokens),
-                          max(result.num_draft_tokens.values(), default=0), self.drafts.catch_up,
-                          verified_drafts=verified, decode_rows=decodes)
+                          result.draft_pass_s, rows, depth, self.drafts.catch_up,
+                          verified_drafts=verified, decode_rows=decodes, ahead_s=result.ahead_s,
+                          ahead_exposed_s=result.ahead_exposed_s, ahead_rows=ahead_rows, ahead_depth=ahead_depth)
         self._step_started = None

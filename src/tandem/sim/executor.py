@@ -19,6 +19,15 @@ frontier cancels the later ones (their drafts count as pruned): the step costs i
 one target forward per pass (`frontier_step`). With `overlap`, frontier f + 1
 is drafted while pass f runs (`CostModel.concurrent_time_s`), so the step is frontier 0's
 drafting plus the overlapped passes. The middle-layer early exit is not modelled.
+
+Run-ahead (a sequence's `num_ahead_tokens` a > 0): while the step verifies, the drafter makes the
+request's next a drafts on the guess that its k drafts and the bonus token match its own
+continuation, i.e. that k + 1 draws pass (the bonus token as one more position). The request's
+accepted count is the same draw cut at k, so its outcome is distributed as without run-ahead. If
+the guess held, the next step verifies up to a drafts with no drafting in the open (reported in
+`StepResult.draft_ready`). The step costs the open drafting, then the verification run at once
+with all drafting ahead (`CostModel.concurrent_time_s`); the executor reports the drafting
+ahead's own time and what it added beyond the verification.
 """
 
 from __future__ import annotations
@@ -50,11 +59,12 @@ def draw_accepted(rng: random.Random, base: float, num_drafts: int, decay: float
 
 
 class _SimSeq:
-    """One request's draft outcome state: base rate, kind model, own RNG, whether it offered last."""
-    __slots__ = ("base", "draft", "rng", "offering")
+    """One request's draft outcome state: base rate, kind model, own RNG, whether it offered last,
+    drafts made ahead whose guess held."""
+    __slots__ = ("base", "draft", "rng", "offering", "ready")
 
     def __init__(self, base: float, draft: DraftModel | None, rng: random.Random) -> None:
-        self.base, self.draft, self.rng, self.offering = base, draft, rng, False
+        self.base, self.draft, self.rng, self.offering, self.ready = base, draft, rng, False, 0
 
     def next_offer(self) -> int | None:
         """Drafts the proposer holds for the next round (None: whatever is asked, a draft model)."""
@@ -93,6 +103,8 @@ class SimExecutor:
         self._jitter_rng = random.Random(f"{seed}:jitter")
         self.last_duration_s = 0.0
         self.busy_s = 0.0                  # virtual seconds spent in steps
+        self.ahead_drafted = 0             # drafts made ahead (run-ahead)
+        self.ahead_verified = 0            # of them, verified in the next step (their guess held)
 
     def add_request(self, request_id: str, acceptance: float, draft: DraftModel | None = None) -> None:
         self._requests[request_id] = _SimSeq(acceptance, draft, random.Random(f"{self.seed}:{request_id}"))
@@ -105,15 +117,29 @@ class SimExecutor:
         """The step's outcome and its duration in seconds (compute + swaps)."""
         result = StepResult()
         decay = self.position_decay
+        for rid in plan.preempted_ids + plan.released_ids:    # the drafter's state goes with the KV
+            if rid in self._requests:
+                self._requests[rid].ready = 0
+        predrafted: set[str] = set()
         for s in plan.seqs:
             if not s.sample:
                 continue
-            k = s.num_draft_tokens
+            k, a = s.num_draft_tokens, s.num_ahead_tokens
             accepted = 0
             seq = self._requests.get(s.request_id)
-            if k:
+            if k and seq.ready >= k:
+                predrafted.add(s.request_id)
+                self.ahead_verified += k
+            if k or a:
                 draft = seq.draft
-                accepted = draw_accepted(seq.rng, seq.base, k, decay, draft.position if draft else ())
+                drawn = draw_accepted(seq.rng, seq.base, k + 1 if a else k, decay, draft.position if draft else ())
+                accepted = min(drawn, k)
+                if a:
+                    result.draft_ready[s.request_id] = a if drawn > k else 0
+                    self.ahead_drafted += a
+            if seq is not None:
+                seq.ready = result.draft_ready.get(s.request_id, 0)
+            if k:
                 result.num_draft_tokens[s.request_id] = k
                 result.num_accepted_tokens[s.request_id] = accepted
             result.sampled_token_ids[s.request_id] = [FILL_TOKEN] * (accepted + 1)
@@ -125,6 +151,8 @@ class SimExecutor:
         size = self.frontier_size if plan.frontier_size is None else plan.frontier_size
         if size and result.num_draft_tokens:
             compute = self._frontier_time_s(plan, result, size)
+        elif predrafted or any(s.num_ahead_tokens for s in plan.seqs):
+            compute = self._run_ahead_time_s(plan, result, shape, predrafted)
         else:
             compute = self.cost.step_time_s(shape)
             self._report_drafting(result, shape)
@@ -147,6 +175,25 @@ class SimExecutor:
                 cost.verify_time_s(v, first=f == 0) for f, v in enumerate(step.verify))
         return cost.draft_time_s(step.drafts[0]) + sum(
             cost.concurrent_time_s(v, f == 0, d) for f, (v, d) in enumerate(zip(step.verify, step.drafts[1:])))
+
+    def _run_ahead_time_s(self, plan: StepPlan, result: StepResult, shape: StepShape, predrafted: set[str]) -> float:
+        """Seconds of a step whose drafts were partly made ahead and which drafts ahead: the open
+        drafting (and the draft model's read of the step's prefill), then the verification at once
+        with the drafting ahead."""
+        cost = self.cost
+        opened = shape_of(plan, {s.request_id: s.num_draft_tokens for s in plan.seqs
+                                 if s.request_id not in predrafted})
+        ahead = [(s, s.num_ahead_tokens) for s in plan.seqs if s.num_ahead_tokens]
+        rows = tuple(sum(1 for _, a in ahead if a > p) for p in range(max((a for _, a in ahead), default=0)))
+        # drafting ahead reads each request's context and the step's k + 1 new tokens first
+        ctx = sum(s.start + s.num_tokens + s.num_draft_tokens + 1 for s, _ in ahead)
+        drafted = StepShape(draft_rows=rows, draft_context_tokens=ctx)
+        verify = cost.verify_time_s(shape, first=True)
+        both = cost.concurrent_time_s(shape, True, drafted)
+        self._report_drafting(result, opened)
+        result.ahead_s = cost.draft_time_s(drafted)
+        result.ahead_exposed_s = max(0.0, both - verify)
+        return cost.draft_time_s(opened) + both
 
     def _report_drafting(self, result: StepResult, drafted: StepShape) -> None:
         """What the engine's runner measures of its proposer: the drafting done before the target's

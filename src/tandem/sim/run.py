@@ -62,6 +62,10 @@ def simulate(cost: CostModel, cfg: SimConfig, requests: list[SimRequest], slo: S
                 "kv_actions": stats.kv_actions, "kept_kv_discarded": stats.num_discarded_kept,
                 "recompute_tokens": stats.num_recompute_tokens,
                 "busy_s": executor.busy_s, "virtual_end_s": engine.loop.now}
+    chooser = scheduler.drafts.run_ahead
+    if chooser is not None:
+        counters["run_ahead"] = {"steps_ahead": chooser.num_ahead_steps, "steps_chosen": chooser.num_steps,
+                                 "drafted": executor.ahead_drafted, "verified": executor.ahead_verified}
     speed = {"events": engine.loop.num_events, "wall_s": wall,
              "events_per_s": engine.loop.num_events / max(wall, 1e-9)}
     return SimRun(summarize(records, slo), counters, speed, dataclasses.asdict(dep), records)

@@ -20,6 +20,9 @@ def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None
     """`runner` is the target's ModelRunner; `load_draft(path) -> (LlamaModel, Tokenizer)` loads a
     draft model. `reuse`: a decoder of the same method whose proposer (and draft worker) to keep,
     as a benchmark switching options on a loaded engine does; the rest comes from `cfg`."""
+    if cfg.run_ahead != "off":
+        raise ConfigError("run_ahead is modelled by the simulator (tandem simulate); the engine's runner "
+                          "does not draft ahead of verification yet")
     if reuse is not None and reuse.method == cfg.method:
         proposer = reuse.proposer
     else:
