@@ -380,27 +380,6 @@ class SchedulerStats:
 
 
 @dataclass
-class StepTrace:
-    """One scheduled step, as `Scheduler.trace` records it (off unless a list is set): what a
-    run's state was, for finding out why it went slow."""
-    t: float                            # the scheduler's `now` for the step
-    budget: int                         # the budget's tokens() this step (admissions, if admissions_only)
-    num_tokens: int                     # tokens scheduled (prefill chunks, decodes, drafts)
-    num_seqs: int
-    num_prefill_tokens: int             # tokens of chunks longer than one token
-    num_running: int
-    num_waiting: int
-    num_paused: int
-    num_free_blocks: int
-    num_paused_held_blocks: int         # device blocks paused requests preserve
-    num_waiting_kept_blocks: int        # device blocks waiting requests kept across a tool call
-    num_discarded_kept: int             # since the start: kept KV freed to make room
-    num_preemptions: int                # since the start
-    num_recompute_tokens: int           # since the start: computed tokens whose KV was freed
-    queue: list[str] = field(default_factory=list)   # the first waiting requests, in order
-
-
-@dataclass
 class SeqUpdate:
     """A request's change in one step, as `Scheduler.update` reports it to the engine."""
 

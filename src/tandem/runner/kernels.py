@@ -24,7 +24,8 @@ _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [_CSRC / name for name in (
     "cpu_ops.cpp",            # the module's entry point: the register_* calls of the files below
     "elementwise.cpp",        # add_rms_norm, rope_, silu_and_mul
-    "paged_attention.cpp",    # paged_attention (float32 / bfloat16 / float16 caches), decode_bf16_available
+    "paged_attention.cpp",    # paged_attention (float32 / bfloat16 / float16 caches; AVX512-BF16 items:
+                              # paged_attention_bf16.h), decode_bf16_available
     "kv_write.cpp",           # kv_write_
     "quant_linear.cpp",       # quant_linear, quant_dequantize (GGML blocks, float32 activations)
     "packed_linear.cpp",      # pack_linear, packed_linear (float32 on 16-column panels)
@@ -37,7 +38,8 @@ _SOURCES = [_CSRC / name for name in (
     "decoder_stack.cpp",      # DecoderStack
 )]
 # helpers shared by several sources, and the 8-bit kernel's parts: part of the build's key
-_HEADERS = [_CSRC / name for name in ("common.h", "quant_i8.h", "quant_i8_kquant.h")]
+_HEADERS = [_CSRC / name for name in ("common.h", "paged_attention.h", "paged_attention_bf16.h", "quant_i8.h",
+                                       "quant_i8_kquant.h")]
 _module: ModuleType | None = None
 _tried = False
 

@@ -6,9 +6,32 @@ a list (`tandem bench augmented --step-trace`)."""
 
 from __future__ import annotations
 
-from tandem.types import SchedulerStats, StepPlan, StepTrace
+from dataclasses import dataclass, field
+
+from tandem.types import SchedulerStats, StepPlan
 
 QUEUE_HEAD = 8      # waiting requests named per row, in order
+
+
+@dataclass
+class StepTrace:
+    """One scheduled step, as `Scheduler.trace` records it (off unless a list is set): what a
+    run's state was, for finding out why it went slow."""
+    t: float                            # the scheduler's `now` for the step
+    budget: int                         # the budget's tokens() this step (admissions, if admissions_only)
+    num_tokens: int                     # tokens scheduled (prefill chunks, decodes, drafts)
+    num_seqs: int
+    num_prefill_tokens: int             # tokens of chunks longer than one token
+    num_running: int
+    num_waiting: int
+    num_paused: int
+    num_free_blocks: int
+    num_paused_held_blocks: int         # device blocks paused requests preserve
+    num_waiting_kept_blocks: int        # device blocks waiting requests kept across a tool call
+    num_discarded_kept: int             # since the start: kept KV freed to make room
+    num_preemptions: int                # since the start
+    num_recompute_tokens: int           # since the start: computed tokens whose KV was freed
+    queue: list[str] = field(default_factory=list)   # the first waiting requests, in order
 
 
 def trace_row(sched, plan: StepPlan, now: float, budget: int) -> StepTrace:
