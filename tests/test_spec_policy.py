@@ -264,18 +264,46 @@ def test_an_expensive_drafter_nobody_has_tried_is_tried_then_kept_or_dropped():
     cautious = AdaptiveLength(8, cost())
     cautious.acceptance.optimistic = False
     assert cautious.choose(reqs(1), [8], num_base_tokens=1) == [0]       # the old behaviour: never tried
-    outcomes = {}
+    tried = {}
     for accepts in (True, False):               # every draft accepted, or the first one rejected
         policy = AdaptiveLength(8, cost())
-        assert policy.choose(reqs(1), [8], num_base_tokens=1)[0] > 0     # untried: tried
-        for i in range(30):                     # requests one after another, one step each
+        tried[accepts] = []
+        for i in range(300):                    # requests one after another, one step each
             r = Request(f"q{i}", [1, 2, 3], SamplingParams(max_tokens=100))
             k = policy.choose([r], [8], num_base_tokens=1)[0]
             if k:
+                tried[accepts].append(i)
                 policy.observe_request(r, k, k if accepts else 0)
             policy.forget(r.request_id)
-        outcomes[accepts] = policy.choose(reqs(1), [8], num_base_tokens=1)[0]
-    assert outcomes[True] > 0 and outcomes[False] == 0
+    assert tried[True] == list(range(300))      # kept
+    # Dropped after its first rejections, then retried as the evidence ages, each failed retry
+    # doubling the wait before the next: a handful of tries in 300 steps.
+    fails = tried[False]
+    assert fails[0] == 0 and 3 <= len(fails) <= 6
+    gaps = [b - a for a, b in zip(fails[1:], fails[2:])]
+    assert all(g2 > 1.5 * g1 for g1, g2 in zip(gaps, gaps[1:])) and gaps[0] >= 10
+
+
+def test_early_rejections_do_not_stop_drafting_for_good():
+    """Eight requests each reject their first drafts (a chat template's markers drafted wrongly),
+    then their text turns to copying, where every draft would pass. With evidence that never aged
+    the policy stopped drafting after that first step and never learned the copying; now the
+    idle evidence ages, drafting is tried again within some dozens of steps and then kept."""
+    cost = StepCostModel(profile=[(8, 0.020), (16, 0.022), (32, 0.026), (64, 0.034), (128, 0.050)])
+    policy = AdaptiveLength(8, cost)
+    rs = reqs(8)
+    stopped = resumed = None
+    for step in range(400):
+        ks = policy.choose(rs, [8] * 8, num_base_tokens=8)
+        if stopped is None and not any(ks):
+            stopped = step                      # the rejections stopped drafting
+        elif stopped is not None and resumed is None and any(ks):
+            resumed = step
+        for r, k in zip(rs, ks):
+            if k:                               # rejected until drafting stopped, then copying
+                policy.observe_request(r, k, 0 if stopped is None else k)
+    assert stopped is not None and resumed is not None and resumed - stopped >= 5
+    assert policy.choose(rs, [8] * 8, num_base_tokens=8) == [8] * 8     # the copying was learned
 
 
 def test_untried_deeper_positions_inherit_the_requests_own_acceptance():

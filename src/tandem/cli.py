@@ -191,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--requests-per-slot", type=float, default=3.0,
                     help="a point runs max(requests-per-point, this x C) requests (the tail's share)")
     sp.add_argument("--max-tokens", type=int, default=None, help="cap each prompt's max_tokens")
+    sp.add_argument("--dataset", default="prompts",
+                    help="prompts (the shared prompt set, by kind), sharegpt, humaneval-edit, humaneval-tools, ...")
+    sp.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0 samples, seeded per request")
+    sp.add_argument("--ignore-eos", action="store_true", help="run every request to its length (equal work per policy)")
     sp.add_argument("--json", default=None)
     sp.add_argument("--plot", default=None, help="PNG of tok/s against concurrency, one line per policy")
     add_model_args(sp)
@@ -310,14 +314,15 @@ def cmd_bench_spec(a: argparse.Namespace) -> int:
     if unknown:
         print(f"tandem: error: unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
         return 2
-    spec = SpecConfig(method=a.speculative or "ngram", max_draft_tokens=8, draft_model=a.draft_model,
+    spec = SpecConfig(method=a.speculative or "ngram", max_draft_tokens=a.max_draft_tokens, draft_model=a.draft_model,
                       draft_quantization=a.draft_quantization,
                       num_draft_layers=a.num_draft_layers, frontier_size=a.frontier_size,
                       early_exit_layer=a.early_exit_layer)
     llm = make_llm(a, max_num_seqs=max(conc + [a.max_num_seqs]), speculative=spec)
-    kinds = [k for k in a.kinds.split(",") if k]
+    kinds = [k for k in a.kinds.split(",") if k] if a.dataset == "prompts" else []
     data = bench_spec(llm, conc, policies, a.repeats, a.requests_per_point, kinds, a.kind_requests, a.json, a.plot,
-                      requests_per_slot=a.requests_per_slot, max_tokens=a.max_tokens)
+                      requests_per_slot=a.requests_per_slot, max_tokens=a.max_tokens, dataset=a.dataset,
+                      temperature=a.temperature, ignore_eos=a.ignore_eos)
     print(f"\n{'policy':<10}" + "".join(f"{'C=' + str(c):>9}" for c in conc))
     for p in policies:
         print(f"{p:<10}" + "".join(f"{data['sweep'][p][str(c)]['output_tok_s']:>9.1f}" for c in conc))

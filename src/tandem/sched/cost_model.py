@@ -72,6 +72,7 @@ class StepCostModel:
         self._pass_cache: tuple[tuple[int, int], float] | None = None
         self._grouped: tuple[int, list[tuple[float, float, float, float]]] | None = None
         self._drafts: deque[tuple[float, float]] = deque(maxlen=window // 4)  # (decode rows, s per draft)
+        self._draft_price: dict[int, float | None] = {}   # rows -> median of _drafts (cleared on a new sample)
         self._plain: dict[int, float] = {}     # tokens -> mean seconds of steps of that size without drafts
         self._exposed: deque[tuple[float, float]] = deque(maxlen=window // 4)  # (rows ahead, exposed share)
 
@@ -97,6 +98,7 @@ class StepCostModel:
             self._plain[num_tokens] = target_s if old is None else 0.8 * old + 0.2 * target_s
         elif decode_rows > 0 and (plain := self._plain.get(num_tokens - verified_drafts)) is not None:
             self._drafts.append((float(decode_rows), max(0.0, target_s - plain) / verified_drafts))
+            self._draft_price.clear()
         self._obs.append((float(num_tokens), target_s))
         if draft_pass_s > 0 and draft_rows > 0:
             self._passes.append((float(draft_rows), float(draft_pass_s)))
@@ -214,7 +216,9 @@ class StepCostModel:
         times = self.times(num_base_tokens, count)
         if num_rows <= 0 or count <= 1:
             return times
-        per = _weighted_median(self._drafts, num_rows, min_weight=8.0)
+        if num_rows not in self._draft_price:
+            self._draft_price[num_rows] = _weighted_median(self._drafts, num_rows, min_weight=8.0)
+        per = self._draft_price[num_rows]
         if per is None:
             return times
         return [times[0]] + [max(t, times[0] + m * per) for m, t in enumerate(times[1:], 1)]

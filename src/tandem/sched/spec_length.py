@@ -104,7 +104,8 @@ class BatchSizeTable(_NoLearning):
 
 
 def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
-                cost: StepCostModel, depth_aware: bool = False, start_s: list[float] | None = None) -> list[int]:
+                cost: StepCostModel, depth_aware: bool = False, start_s: list[float] | None = None,
+                min_survival: float = 0.0) -> list[int]:
     """Draft lengths from admitting (request, position) slots best-first, as many as pay best.
 
     Slot (i, j) survives verification with probability prod_{m<=j} est[i][m-1]; a request's slots
@@ -118,9 +119,10 @@ def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
     of its deepest draft (a draft model runs once per position). Then each cap D on the depth is
     tried (the fixed part of the step grows by D passes) and the cap with the best tokens per
     second wins; the caps stop two past the best. `start_s[i]`: what drafting for request i at all
-    adds to the step (its proposer's catch-up, amortized).
+    adds to the step (its proposer's catch-up, amortized). Slots less likely to survive than
+    `min_survival` are not considered.
     """
-    slots = _ranked_slots(est, limits)
+    slots = _ranked_slots(est, limits, min_survival)
     n = len(est)
     # times[m]: the step with m drafts; with `depth_aware`, each draft at its measured price
     times = (cost.draft_times(num_base_tokens, n, len(slots) + 1) if depth_aware
@@ -141,14 +143,21 @@ def admit_slots(est: list[list[float]], limits: list[int], num_base_tokens: int,
     return best
 
 
-def _ranked_slots(est: list[list[float]], limits: list[int]) -> list[tuple[float, int, int]]:
-    """Every (survival, request, position) slot, best first. A request's survival falls with
-    position, so any prefix of this order holds prefixes of each request's drafts."""
+MIN_SURVIVAL = 0.01     # the adaptive policy's floor: such a slot adds under 0.01 tokens, never worth its row
+
+
+def _ranked_slots(est: list[list[float]], limits: list[int], min_survival: float = 0.0
+                  ) -> list[tuple[float, int, int]]:
+    """Every (survival, request, position) slot with survival >= `min_survival`, best first. A
+    request's survival falls with position, so any prefix of this order holds prefixes of each
+    request's drafts."""
     slots = []
     for i, (e, lim) in enumerate(zip(est, limits)):
         p = 1.0
         for j in range(lim):
             p *= e[j]
+            if p < min_survival:
+                break
             slots.append((p, i, j + 1))
     slots.sort(key=lambda x: -x[0])
     return slots
@@ -199,20 +208,38 @@ class AcceptanceModel:
     keeps rarely tried positions from never being tried (an upper confidence bound, as FASER's
     search uses one); the global estimate starts optimistic (`global_start`), so a drafter nobody
     has tried yet is tried.
+
+    Evidence also ages while it is not renewed (`age`): a request that could draft and got no
+    slots, and the global estimate in a step where nobody drafted, keep their means but lose
+    weight, so their estimates drift back towards the optimistic start and drafting is tried
+    again. Without it a few early rejections (a chat template's markers are drafted wrongly at
+    every request's start) stop drafting for good, and nothing could show that the text turned
+    to copying later. Each ages slower the more retries in a row failed (`idle_decay` to the
+    power 2^-streak: each doubles the wait before the next), so a drafter that keeps failing is
+    retried ever more rarely. A retry is a round drafted after idle steps whose first draft was
+    rejected (for the global estimate: a step after steps where nobody drafted, all of whose
+    judged first drafts failed); an accepted first draft ends the streak.
     """
 
     def __init__(self, max_len: int, prior: float = 0.5, weight: float = 2.0, decay: float = 0.9,
-                 explore: float = 0.1, optimistic: bool = True, global_decay: float = 0.98) -> None:
+                 explore: float = 0.1, optimistic: bool = True, global_decay: float = 0.98,
+                 idle_decay: float = 0.98) -> None:
         self.max_len = max_len
         self.prior = prior
         self.weight = weight
         self.decay = decay
+        self.idle_decay = idle_decay
         self.explore = explore
         self.optimistic = optimistic
         self.global_decay = global_decay    # per judged first draft: the global mean spans ~50 of them
         self._g_acc = self._g_n = 0.0
         self._acc: dict[str, list[float]] = {}
         self._n: dict[str, list[float]] = {}
+        self._streak: dict[str, int] = {}      # failed retries in a row, per request
+        self._idle: set[str] = set()           # requests aged since they last drafted
+        self._g_streak = 0                     # failed retries in a row, of the global estimate
+        self._g_idle = False                   # a step where nobody drafted since the last judged one
+        self._step_judged = self._step_hits = 0
 
     @property
     def global_first(self) -> float:
@@ -230,17 +257,20 @@ class AcceptanceModel:
         g = self.global_first
         return g + (1.0 - g) / (1.0 + self._g_n) if (self.optimistic if optimistic is None else optimistic) else g
 
-    def estimates(self, request_id: str, explore: float | None = None, optimistic: bool | None = None) -> list[float]:
-        """a_i(1..max_len); `explore` and `optimistic` override the model's own for this read (a
-        reader that decides how to verify, not whether to try, wants neither)."""
+    def estimates(self, request_id: str, explore: float | None = None, optimistic: bool | None = None,
+                  upto: int | None = None) -> list[float]:
+        """a_i(1..max_len) (or the first `upto` of them); `explore` and `optimistic` override the
+        model's own for this read (a reader that decides how to verify, not whether to try, wants
+        neither)."""
         explore = self.explore if explore is None else explore
         optimistic = self.optimistic if optimistic is None else optimistic
         acc, n = self._acc.get(request_id), self._n.get(request_id)
         start = self.global_start(optimistic)
+        size = self.max_len if upto is None else min(upto, self.max_len)
         if acc is None:
-            return [min(1.0, start + explore)] * self.max_len
+            return [min(1.0, start + explore)] * size
         w, out, prior = self.weight, [], start
-        for m in range(self.max_len):
+        for m in range(size):
             prior = (acc[m] + w * prior) / (n[m] + w)
             out.append(min(1.0, prior + explore / math.sqrt(1.0 + n[m])))
         return out
@@ -256,10 +286,45 @@ class AcceptanceModel:
             if m == 0:
                 self._g_acc = self._g_acc * self.global_decay + hit
                 self._g_n = self._g_n * self.global_decay + 1.0
+                if hit:
+                    self._streak[request_id] = 0
+                elif request_id in self._idle:
+                    self._streak[request_id] = self._streak.get(request_id, 0) + 1
+                self._step_judged += 1
+                self._step_hits += int(hit)
+        self._idle.discard(request_id)
+
+    def end_step(self) -> None:
+        """The step whose outcomes were observed is over (the global streak counts steps)."""
+        if self._step_judged:
+            if self._step_hits:
+                self._g_streak = 0
+            elif self._g_idle:
+                self._g_streak += 1
+            self._g_idle = False
+        self._step_judged = self._step_hits = 0
+
+    def age(self, request_ids: list[str], global_too: bool) -> None:
+        """A step in which `request_ids` could draft and got no slots (`global_too`: nobody
+        drafted): their evidence keeps its means and loses weight (see the class)."""
+        for rid in request_ids:
+            acc, n = self._acc.get(rid), self._n.get(rid)
+            if acc is not None:
+                f = self.idle_decay ** (0.5 ** min(self._streak.get(rid, 0), 16))
+                self._acc[rid] = [a * f for a in acc]
+                self._n[rid] = [c * f for c in n]
+                self._idle.add(rid)
+        if global_too:
+            f = self.idle_decay ** (0.5 ** min(self._g_streak, 16))
+            self._g_acc *= f
+            self._g_n *= f
+            self._g_idle = True
 
     def forget(self, request_id: str) -> None:
         self._acc.pop(request_id, None)
         self._n.pop(request_id, None)
+        self._streak.pop(request_id, None)
+        self._idle.discard(request_id)
 
 
 class AdaptiveLength:
@@ -275,6 +340,7 @@ class AdaptiveLength:
         self._last: dict[str, int] = {}
 
     def choose(self, requests, limits, num_base_tokens):
+        self.acceptance.end_step()
         if not requests:
             return []
         if not self.cost.measured(num_base_tokens, self.measure_first):
@@ -282,15 +348,19 @@ class AdaptiveLength:
             # the plain step's time must be known, not extrapolated from verification steps (which
             # run more tokens) or prefills. A couple of plain steps per batch size settles it.
             return [0] * len(requests)
-        est = [self.acceptance.estimates(r.request_id) for r in requests]
+        est = [self.acceptance.estimates(r.request_id, upto=lim) for r, lim in zip(requests, limits)]
         start = self._start_costs(requests, est, limits)
-        best = admit_slots(est, limits, num_base_tokens, self.cost, depth_aware=True, start_s=start)
+        best = admit_slots(est, limits, num_base_tokens, self.cost, depth_aware=True, start_s=start,
+                           min_survival=MIN_SURVIVAL)
         last = [min(self._last.get(r.request_id, 0), lim) for r, lim in zip(requests, limits)]
         if last != best and self._value(est, last, num_base_tokens, start) >= \
                 self._value(est, best, num_base_tokens, start) * (1 - self.dead_band):
             best = last
         for r, k in zip(requests, best):
             self._last[r.request_id] = k
+        idle = [r.request_id for r, k, lim in zip(requests, best, limits) if lim > 0 and k == 0]
+        if idle:
+            self.acceptance.age(idle, global_too=not any(best))
         return best
 
     def _start_costs(self, requests: list[Request], est: list[list[float]], limits: list[int]) -> list[float]:
