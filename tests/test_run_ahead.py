@@ -14,7 +14,7 @@ from tandem.errors import ConfigError
 from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.run_ahead import RunAheadChooser
-from tandem.sched.spec_length import AcceptanceModel
+from tandem.sched.acceptance import AcceptanceModel
 from tandem.sim import SimConfig, WorkloadSpec, build_workload, make_cost_model, simulate
 from tandem.sim.cost import StepShape
 from tandem.sim.cost.base import shape_of

@@ -7,7 +7,8 @@ import pytest
 
 from tandem.sampling_params import SamplingParams
 from tandem.sched.cost_model import StepCostModel
-from tandem.sched.spec_length import AcceptanceModel, AdaptiveLength, BatchSizeTable, FixedLength
+from tandem.sched.acceptance import AcceptanceModel
+from tandem.sched.spec_length import AdaptiveLength, BatchSizeTable, FixedLength
 from tandem.types import Request
 
 

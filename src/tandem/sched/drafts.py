@@ -12,7 +12,8 @@ from tandem.kv import KVCacheManager
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.frontiers import FrontierChooser, make_frontier_chooser
 from tandem.sched.run_ahead import RunAheadChooser
-from tandem.sched.spec_length import AcceptanceModel, DraftLengthPolicy, make_length_policy
+from tandem.sched.acceptance import AcceptanceModel
+from tandem.sched.spec_length import DraftLengthPolicy, make_length_policy
 from tandem.types import Request, ScheduledSeq, SpecStats, StepPlan, StepResult
 
 

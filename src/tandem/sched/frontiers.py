@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tandem.config import SpecConfig
 from tandem.sched.cost_model import StepCostModel
-from tandem.sched.spec_length import AcceptanceModel
+from tandem.sched.acceptance import AcceptanceModel
 from tandem.types import Request
 
 

@@ -24,7 +24,7 @@ Torch-free and clock-free.
 from __future__ import annotations
 
 from tandem.sched.cost_model import StepCostModel
-from tandem.sched.spec_length import AcceptanceModel
+from tandem.sched.acceptance import AcceptanceModel
 
 
 class RunAheadChooser:
