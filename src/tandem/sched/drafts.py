@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from tandem.config import SpecConfig
 from tandem.kv import KVCacheManager
+from tandem.sched.acceptance import AcceptanceModel
 from tandem.sched.cost_model import StepCostModel
 from tandem.sched.frontiers import FrontierChooser, make_frontier_chooser
 from tandem.sched.run_ahead import RunAheadChooser
-from tandem.sched.acceptance import AcceptanceModel
 from tandem.sched.spec_length import DraftLengthPolicy, make_length_policy
 from tandem.types import Request, ScheduledSeq, SpecStats, StepPlan, StepResult
 
