@@ -190,7 +190,7 @@ def test_faser_cuts_the_drafts_of_vllms_proposer(default_model_dir):
     """In vLLM's own scheduler classes (no model: scripted steps, vLLM's n-gram slots with 4 drafts
     offered every step): FASER's lengths are what vLLM schedules. The first decode steps of a batch
     size run plain (measured before drafting pays), drafts that are all accepted keep all 4, and
-    drafts that are all rejected are cut to none."""
+    drafts that are all rejected are cut to none (retried once the evidence has aged, rarely)."""
     probe = Path(__file__).with_name("vllm_scheduler_probe.py")
     proc = subprocess.run([str(VLLM_ENV / "bin" / "python"), str(probe), str(default_model_dir)], capture_output=True,
                           text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(SRC)))
@@ -200,4 +200,4 @@ def test_faser_cuts_the_drafts_of_vllms_proposer(default_model_dir):
         assert steps[mode][:2] == [[0, 0], [0, 0]], mode
         assert all(k <= 4 for step in steps[mode] for k in step)
     assert steps["accept"][2] == [4, 4] and all(s == [4, 4] for s in steps["accept"][-10:])
-    assert steps["reject"][2] == [4, 4] and all(s == [0, 0] for s in steps["reject"][-10:])
+    assert steps["reject"][2] == [4, 4] and sum(s != [0, 0] for s in steps["reject"][-10:]) <= 1
