@@ -158,7 +158,7 @@ def day_bound(seed: int) -> dict:
     from tandem.sim.build import SimConfig
     from tandem.sim.run import saturation_capacity
     from tandem.sim.scenarios.common import RunSpec, default_scheduler, run_config, run_one
-    from tandem.sim.scenarios.faser import FaserOptions, _spec, timeline
+    from tandem.sim.scenarios.faser import FaserOptions, diurnal_day, spec_config, timeline
     from tandem.sim.workload import WorkloadSpec, build_workload
 
     opts = FaserOptions(seed=seed)
@@ -168,15 +168,12 @@ def day_bound(seed: int) -> dict:
     acc = {"acceptance": dict(PUBLISHED_ACCEPTANCE)}
     sat = build_workload(WorkloadSpec(dataset="synthetic", arrival="poisson",
                                       num_requests=opts.saturation_requests, **acc), seed)
-    peak = saturation_capacity(plain, run_config(base, RunSpec("no-sd")), sat)     # the scenario's day
-    ratio = opts.peak_valley_ratio
-    mean_rate = peak * (1 + ratio) / (2 * ratio)
-    period = opts.num_requests / mean_rate
-    day = WorkloadSpec(dataset="synthetic", arrival="diurnal", num_requests=opts.num_requests, rate=mean_rate,
-                       peak_valley_ratio=ratio, period_s=period, **acc)
+    peak = saturation_capacity(plain, run_config(base, RunSpec("no-sd")), sat)
+    day = diurnal_day(opts, peak, acc)
+    period = day.period_s
     rows = []
-    for run in (RunSpec("adaptive", spec=_spec("adaptive")), *(RunSpec(f"fixed-{k}", spec=_spec("fixed", k))
-                                                               for k in (1, 2, 4))):
+    for run in (RunSpec("adaptive", spec=spec_config("adaptive")),
+                *(RunSpec(f"fixed-{k}", spec=spec_config("fixed", k)) for k in (1, 2, 4))):
         row = run_one(free, base, run, day, None, seed, None, extra=lambda recs: timeline(recs, period, 24))
         rows.append({"label": run.label, "saturation_rps": saturation_capacity(free, run_config(base, run), sat),
                      "e2e_mean_s": row["summary"]["e2e_s"]["mean"], "e2e_p99_s": row["summary"]["e2e_s"]["p99"]})

@@ -47,7 +47,7 @@ MAX_K = 8
 FRONTIER = 4
 
 
-def _spec(policy: str, k: int = MAX_K, frontier_size: int = 0, overlap: bool = False, auto: bool = False,
+def spec_config(policy: str, k: int = MAX_K, frontier_size: int = 0, overlap: bool = False, auto: bool = False,
           run_ahead: str = "off") -> SpecConfig:
     return SpecConfig(method="draft", draft_model="qwen3-0.6b", policy=policy, max_draft_tokens=k,
                       frontier_size=frontier_size, overlap=overlap, adaptive_frontiers=auto, run_ahead=run_ahead)
@@ -104,18 +104,18 @@ PUBLISHED_ACCEPTANCE: dict[str, Any] = {
 }
 
 
-RUNS = (RunSpec("no-sd"), RunSpec("fixed-2", spec=_spec("fixed", 2)),
-        RunSpec("fixed-4", spec=_spec("fixed", 4)), RunSpec("fixed-8", spec=_spec("fixed", 8)),
-        RunSpec("bs-table", spec=_spec("table")),
-        RunSpec("survival", spec=_spec("survival")), RunSpec("adaptive", spec=_spec("adaptive")),
-        RunSpec("adaptive+run-ahead", spec=_spec("adaptive", run_ahead="auto")))
+RUNS = (RunSpec("no-sd"), RunSpec("fixed-2", spec=spec_config("fixed", 2)),
+        RunSpec("fixed-4", spec=spec_config("fixed", 4)), RunSpec("fixed-8", spec=spec_config("fixed", 8)),
+        RunSpec("bs-table", spec=spec_config("table")),
+        RunSpec("survival", spec=spec_config("survival")), RunSpec("adaptive", spec=spec_config("adaptive")),
+        RunSpec("adaptive+run-ahead", spec=spec_config("adaptive", run_ahead="auto")))
 # FASER's verification frontiers (early pruning) and drafting overlapped with them, always or
 # chosen per step by the scheduler ("auto": where its cost model expects them to pay), on top of
 # the adaptive length and of fixed k = 8 (where there is most to prune): reported apart from the
 # comparison with the baselines.
 ABLATION = tuple(
     RunSpec(f"{label}+{'auto-' if auto else ''}frontiers{'+overlap' if overlap else ''}",
-            spec=_spec(policy, frontier_size=FRONTIER, overlap=overlap, auto=auto))
+            spec=spec_config(policy, frontier_size=FRONTIER, overlap=overlap, auto=auto))
     for label, policy in (("adaptive", "adaptive"), ("fixed-8", "fixed"))
     for overlap, auto in ((False, False), (True, False), (True, True)))
 
@@ -165,6 +165,15 @@ def _with_method(run: RunSpec, method: str) -> RunSpec:
     return RunSpec(run.label, run.policy, dataclasses.replace(run.spec, method=method, draft_model=None))
 
 
+def diurnal_day(opts: FaserOptions, no_sd_capacity: float, workload_kw: dict[str, Any]) -> WorkloadSpec:
+    """The scenario's day: a raised-cosine rate whose peak is `peak_load` x no SD's saturation
+    capacity and whose valley is `peak_valley_ratio` times lower, `num_requests` over one period."""
+    peak, ratio = opts.peak_load * no_sd_capacity, opts.peak_valley_ratio
+    mean_rate = peak * (1 + ratio) / (2 * ratio)
+    return WorkloadSpec(dataset="synthetic", arrival="diurnal", num_requests=opts.num_requests, rate=mean_rate,
+                        peak_valley_ratio=ratio, period_s=opts.num_requests / mean_rate, **workload_kw)
+
+
 def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
     cpu = opts.hardware.startswith("calibrated")
     plain = make_cost_model(opts.hardware, opts.target, num_gpus=opts.num_gpus)
@@ -193,10 +202,8 @@ def run_faser(opts: FaserOptions, log: Log) -> dict[str, Any]:
         c = capacity[run.label]
         log(f"  saturation {run.label:<9} {c:6.2f} req/s  {c * mean_out:8.0f} tok/s")
     peak = opts.peak_load * capacity["no-sd"]
-    mean_rate = peak * (1 + opts.peak_valley_ratio) / (2 * opts.peak_valley_ratio)
-    period = opts.num_requests / mean_rate
-    wl = WorkloadSpec(dataset="synthetic", arrival="diurnal", num_requests=opts.num_requests, rate=mean_rate,
-                      peak_valley_ratio=opts.peak_valley_ratio, period_s=period, **workload_kw)
+    wl = diurnal_day(opts, capacity["no-sd"], workload_kw)
+    mean_rate, period = wl.rate, wl.period_s
     log(f"  diurnal day: {opts.num_requests} requests over {period:.0f} s, mean {mean_rate:.2f} req/s, "
         f"peak {peak:.2f} req/s, valley {peak / opts.peak_valley_ratio:.3f} req/s")
     rows = []
