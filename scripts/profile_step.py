@@ -34,7 +34,7 @@ def timed(name, fn):
 
 
 def instrument(llm: LLM) -> None:
-    runner = llm.engine.executor                  # the ModelRunner
+    runner = llm.engine.executor                  # the TorchExecutor
     model = runner.model
     for name, mod in model.named_modules():
         if isinstance(mod, Linear):

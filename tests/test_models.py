@@ -12,7 +12,7 @@ from tandem.config import SchedulerConfig
 from tandem.engine.llm_engine import LLMEngine
 from tandem.kv import KVCacheManager
 from tandem.models.loader import load_model
-from tandem.model_runner import ModelRunner
+from tandem.executor import TorchExecutor
 from tandem.sampling_params import SamplingParams
 from tandem.sched.scheduler import Scheduler
 from tandem.types import StepPlan, StepResult
@@ -23,7 +23,7 @@ ATOL = 1e-4
 class RecordingExecutor:
     """Greedy executor that keeps every computed token's logits, keyed by (request, position)."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: TorchExecutor) -> None:
         self.runner = runner
         self.logits: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
         self.num_tokens_per_step: list[int] = []
@@ -47,7 +47,7 @@ class RecordingExecutor:
 
 def make_engine(model_dir, budget: int, num_blocks: int = 64, block_size: int = 4, prefix_caching=True):
     model = load_model(model_dir, torch.float32, torch.device("cpu"), max_positions=256)
-    runner = ModelRunner(model, num_blocks, block_size, torch.device("cpu"))
+    runner = TorchExecutor(model, num_blocks, block_size, torch.device("cpu"))
     rec = RecordingExecutor(runner)
     kv = KVCacheManager(num_blocks, block_size, prefix_caching)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=256), kv)

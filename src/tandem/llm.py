@@ -25,7 +25,7 @@ from tandem.outputs import RequestOutput
 from tandem.runner.attention import PagedKVCache
 from tandem.runner.device import (available_memory_bytes, resolve_block_size, resolve_device, resolve_dtype,
                                   resolve_kv_dtype)
-from tandem.model_runner import ModelRunner
+from tandem.executor import TorchExecutor
 from tandem.sampling_params import SamplingParams
 from tandem.sched.build import build_scheduler
 from tandem.sched.drafts import make_speculation
@@ -76,7 +76,7 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)
     grammar = (structured_grammar.GrammarBackend(tokenizer.hf, arch.vocab_size, tokenizer.eos_token_ids)
                if structured_grammar.available() else None)
-    runner = ModelRunner(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed, num_host_blocks=num_host,
+    runner = TorchExecutor(model, num_blocks, cache_cfg.block_size, device, seed=model_cfg.seed, num_host_blocks=num_host,
                          kv_dtype=kv_dtype, grammar=grammar)
     if spec_cfg is not None:
         def load_draft(path: str):
@@ -97,16 +97,16 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
                      grammar=grammar, generation_defaults=defaults, speculation=spec_cfg)
 
 
-def reconfigure_speculation(engine: LLMEngine, cfg: SpecConfig | None, runner: ModelRunner | None = None) -> None:
+def reconfigure_speculation(engine: LLMEngine, cfg: SpecConfig | None, runner: TorchExecutor | None = None) -> None:
     """Switch a built engine's speculation to `cfg` (None: off), between runs (no request in it):
     the scheduler's draft-length side and the runner's decoder, both from `cfg`, as build_engine
     wires them. The running proposer (and draft worker) is kept when `cfg.method` is its method;
     an n-gram or layer-skip proposer is built otherwise (a separate draft model is loaded only
     with the engine). The benchmarks switch policies through this and nothing else. `runner`: the
-    engine's ModelRunner where a wrapper stands in as its executor (the calibration's recorder)."""
+    engine's TorchExecutor where a wrapper stands in as its executor (the calibration's recorder)."""
     runner = runner or engine.executor
-    if not isinstance(runner, ModelRunner):
-        raise TypeError(f"reconfigure_speculation needs a ModelRunner executor, not {type(runner).__name__}")
+    if not isinstance(runner, TorchExecutor):
+        raise TypeError(f"reconfigure_speculation needs a TorchExecutor, not {type(runner).__name__}")
     if engine.has_unfinished_requests():
         raise RuntimeError("reconfigure_speculation while requests are in the engine")
     decoder = make_spec_decoder(cfg, runner, engine.vocab_size, engine.tokenizer, reuse=runner.spec) \

@@ -25,7 +25,7 @@ from tandem.config import CacheConfig, ModelConfig, SchedulerConfig, SpecConfig
 from tandem.engine.llm_engine import LLMEngine
 from tandem.llm import build_engine, reconfigure_speculation
 from tandem.models.fetch import resolve_model
-from tandem.model_runner import ModelRunner
+from tandem.executor import TorchExecutor
 from tandem.sampling_params import SamplingParams
 from tandem.sim.cost.base import shape_of
 from tandem.sim.cost.calibrated import FORMAT, SHAPE_FIELDS, fit
@@ -47,7 +47,7 @@ class StepRecorder:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine, self.phase = engine, ""
         self.samples: list[dict[str, Any]] = []
-        self._inner: ModelRunner | None = None
+        self._inner: TorchExecutor | None = None
         self._last: tuple[StepPlan, StepResult] | None = None
 
     def __enter__(self) -> StepRecorder:
@@ -113,13 +113,13 @@ def _copy_bytes_per_s(mb: int = 64) -> float:
     return src.numel() * 4 / statistics.median(times)
 
 
-def _speculate(engine: LLMEngine, runner: ModelRunner, k: int | None) -> None:
+def _speculate(engine: LLMEngine, runner: TorchExecutor, k: int | None) -> None:
     """Attach n-gram speculation with k drafts per request (None: detach)."""
     cfg = SpecConfig(method="ngram", policy="fixed", max_draft_tokens=k) if k is not None else None
     reconfigure_speculation(engine, cfg, runner)
 
 
-def measure(session: _Session, runner: ModelRunner, quick: bool, log: Log) -> None:
+def measure(session: _Session, runner: TorchExecutor, quick: bool, log: Log) -> None:
     reps = 1 if quick else 2
     fits = session.engine.max_model_len - 64          # longer prompts are skipped (small-context models)
     session.run([session.prompt(16)], 4, "warmup")

@@ -1,2 +1,2 @@
 """Torch primitives that models/ and speculative/ build on: paged KV tensors, attention, input building,
-sampling, CPU kernels. The model runner that drives them is tandem.model_runner."""
+sampling, CPU kernels. The executor that drives them is tandem.executor (TorchExecutor)."""

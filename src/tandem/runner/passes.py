@@ -1,6 +1,6 @@
 """One forward pass of a model over scheduled chunks: the unit every executor step is made of.
 
-A plain step is one pass (tandem.model_runner); a verification round is one pass or, in frontiers,
+A plain step is one pass (tandem.executor); a verification round is one pass or, in frontiers,
 several (tandem.speculative.verify_round); a model drafter runs one pass per draft position
 (tandem.speculative.drafter). `ForwardPass` is the one way they all run a model: build the
 pass's inputs from its chunks, run the layers over the paged KV (writing the chunks' K/V), and take

@@ -17,7 +17,7 @@ from tandem.speculative.suffix import SuffixProposer
 
 def make_spec_decoder(cfg: SpecConfig, runner, target_vocab: int, tokenizer=None, load_draft=None,
                       reuse: SpecDecoder | None = None) -> SpecDecoder:
-    """`runner` is the target's ModelRunner; `load_draft(path) -> (LlamaModel, Tokenizer)` loads a
+    """`runner` is the target's TorchExecutor; `load_draft(path) -> (LlamaModel, Tokenizer)` loads a
     draft model. `reuse`: a decoder of the same method whose proposer (and draft worker) to keep,
     as a benchmark switching options on a loaded engine does; the rest comes from `cfg`."""
     if cfg.run_ahead != "off":

@@ -1,12 +1,12 @@
 """One verification round: a step whose drafts the target verifies, in one pass or in frontiers.
 
-The runner (tandem.model_runner) hands a step with drafts to `VerifyRound`; a step without any runs
+The executor (tandem.executor) hands a step with drafts to `VerifyRound`; a step without any runs
 its plain pass and never gets here. Each drafting request's state is one `VerifyRows`: its
 verification rows (the last committed token x0, then its drafts) and how far they got. The round
 is one loop of forward passes (through the runner's `ForwardPass`); each pass computes every
 unfinished request's next frontier of rows, verifies them (SpecDecoder.verify), and a request is
 done at its first rejected draft or at its last row. Pass 0 also carries the requests without
-drafts, whose rows are sampled through the runner's `sample_rows`.
+drafts, whose rows are sampled through the executor's `sample_rows`.
 
 - One pass (no pruning): the frontier is as wide as the longest draft, so pass 0 verifies
   everything. It keeps the plan's order of requests, and every row's logits come from one call.
@@ -36,7 +36,7 @@ from tandem.speculative.decoder import SpecDecoder, num_accepted
 from tandem.speculative.proposer import Draft
 from tandem.types import ScheduledSeq, StepPlan, StepResult, TokenLogprob
 
-# The runner's ModelRunner.sample_rows: sample one token for each (seq, row of logits) into the result.
+# TorchExecutor.sample_rows: sample one token for each (seq, row of logits) into the result.
 SampleRows = Callable[[StepResult, list[tuple[ScheduledSeq, int]], torch.Tensor], None]
 
 

@@ -20,7 +20,7 @@ from tandem.speculative.verify_round import VerifyRound
 from tandem.types import ScheduledSeq, StepPlan, StepResult
 
 
-class ModelRunner:
+class TorchExecutor:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, device: torch.device,
                  seed: int = 0, num_host_blocks: int = 0, kv_dtype: torch.dtype | None = None,
                  grammar=None) -> None:
