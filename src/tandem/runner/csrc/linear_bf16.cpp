@@ -8,6 +8,9 @@
 // 2 MR registers (MR <= 12): per input pair, two loads of W, MR broadcasts of x's pair, 2 MR dot
 // instructions. A decode step (a few to a few dozen rows) streams each panel from memory once
 // and rereads it from L2 for every further 12-row tile; a prefill walks x in L2-sized row chunks.
+// A tile of 10+ rows spends so long on each cache line of its panel that the hardware prefetcher
+// falls behind, so it prefetches the panel itself, a few KB ahead; shorter tiles stream at the
+// memory's pace without it.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -21,6 +24,7 @@
 namespace {
 
 constexpr int64_t kCols = 32, kMaxRows = 12;
+constexpr int64_t kAhead = 32;   // input pairs a tall tile prefetches its panel ahead (4 KB)
 
 inline int64_t panels_of(int64_t n) { return (n + kCols - 1) / kCols; }
 
@@ -42,6 +46,10 @@ inline void tile(uint16_t* y, int64_t ldy, const uint16_t* x, int64_t ldx, const
   TANDEM_ROWS(DECL)
 #undef DECL
   for (int64_t i = 0; i < pairs; ++i) {
+    if constexpr (MR >= 10) {   // a tall tile computes too long per line for the hardware prefetcher
+      _mm_prefetch(reinterpret_cast<const char*>(panel + (i + kAhead) * 2 * kCols), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(panel + (i + kAhead) * 2 * kCols + kCols), _MM_HINT_T0);
+    }
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + i * 2 * kCols);
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + i * 2 * kCols + kCols);
 #define STEP(r) if constexpr (MR > r) { const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair(x##r + 2 * i)); \
