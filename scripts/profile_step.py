@@ -7,7 +7,7 @@ attention, the fused element-wise kernels (RMSNorm, RoPE, SiLU*mul), the embeddi
 the rest of the step (scheduling, input building, sampling, detokenization, Python overhead).
 Then runs a batch of C requests to the end and reports the shares of the decode steps.
 
-    .venv/bin/python scripts/profile_step.py --concurrency 1,32 [--model M] [--json PATH]
+    .venv/bin/python scripts/profile_step.py --concurrency 1,32 [--model M [--load-format dummy]] [--json PATH]
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ def main() -> None:
                     help="pad the prompt to about this many tokens (ShareGPT contexts reach 1-2k); "
                          "the warm-up caches it, so the timed run is decode at that context")
     ap.add_argument("--model", default=None, help="a model as `tandem serve --model` takes it (default: the default model)")
+    ap.add_argument("--load-format", default="auto", choices=("auto", "dummy"),
+                    help="dummy: random weights from the model's config (a shape such as llama-3.2-1b)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
-    llm = LLM(a.model) if a.model else LLM()
+    llm = LLM(a.model, load_format=a.load_format) if a.model else LLM()
     instrument(llm)
     prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle."
     if a.context:

@@ -106,9 +106,26 @@ def test_shape_name_resolves_to_its_config_with_the_default_tokenizer(default_mo
     default = json.loads((default_model_dir / "config.json").read_text())
     assert cfg["hidden_size"] == 4096 and cfg["vocab_size"] == 128256
     assert cfg["eos_token_id"] == default["eos_token_id"]                  # the stand-in tokenizer's ids
-    assert (d / "tokenizer.json").read_bytes() == (default_model_dir / "tokenizer.json").read_bytes()
     assert not list(d.glob("*.safetensors"))
     assert resolve_model("llama-3.1-8b", progress=False) == d               # made once
+
+
+def test_a_shapes_tokenizer_covers_its_vocabulary(default_model_dir):
+    """The stand-in tokenizer, padded to the shape's 128,256 ids: text encodes as the default model's
+    tokenizer encodes it (no merge forms a pad token, even from its own text), and every id the model
+    can sample decodes to text of its own, so a stream carries each token."""
+    from tokenizers import Tokenizer
+
+    from tandem.models.fetch import resolve_model
+
+    shape = Tokenizer.from_file(str(resolve_model("llama-3.2-1b", progress=False) / "tokenizer.json"))
+    default = Tokenizer.from_file(str(default_model_dir / "tokenizer.json"))
+    assert (shape.get_vocab_size(), default.get_vocab_size()) == (128256, 49152)
+    text = "Hello [PAD50000] world: café, def f(x): return x ** 2"
+    assert shape.encode(text).ids == default.encode(text).ids
+    assert shape.decode([50000, 128255]) == "[PAD50000][PAD128255]"
+    assert shape.decode([42]) == default.decode([42])
+    assert shape.id_to_token(49151) == default.id_to_token(49151) and shape.id_to_token(49152) == "[PAD49152]"
 
 
 def test_cli_takes_load_format():

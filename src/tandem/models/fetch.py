@@ -67,14 +67,36 @@ def resolve_model(model: str | None, progress: bool = True) -> Path:
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
+_SHAPE_TOKENIZER = "padded-1"     # how shape_dir writes the tokenizer: a new value rewrites cached shapes
+
+
+def _pad_vocab(path: Path, vocab_size: int) -> None:
+    """Give every id the shape's model can sample a token of its own: the stand-in tokenizer's BPE
+    vocabulary gets `[PAD<id>]` entries up to `vocab_size` (as `tandem model dummy` pads a GGUF's).
+    No merge forms them, so text encodes exactly as before; each decodes to its own text, so a
+    stream carries every sampled token, as a real model's full tokenizer would."""
+    tok = json.loads(path.read_text())
+    vocab = tok["model"]["vocab"]
+    taken = set(vocab.values()) | {t["id"] for t in tok.get("added_tokens", [])}
+    if max(taken) >= vocab_size:
+        raise ModelLoadError(f"the stand-in tokenizer has ids up to {max(taken)}, beyond the shape's "
+                             f"vocabulary of {vocab_size}")
+    pads = {f"[PAD{i}]": i for i in range(vocab_size) if i not in taken}
+    if pads.keys() & vocab.keys():
+        raise ModelLoadError("the stand-in tokenizer already has a [PAD<id>] token")
+    vocab.update(pads)
+    path.write_text(json.dumps(tok, ensure_ascii=False))
+
+
 def shape_dir(name: str, progress: bool = True) -> Path:
     """The model directory of shape `name`: its shipped config.json (bos / eos ids replaced by the
-    stand-in tokenizer's) beside the default model's tokenizer files; written once into the cache."""
+    stand-in tokenizer's) beside the default model's tokenizer files, the tokenizer padded to the
+    shape's vocabulary (`_pad_vocab`); written once into the cache."""
     if name not in SHAPES:
         raise ModelLoadError(f"unknown shape {name!r}; shapes: {', '.join(SHAPES)}")
     cfg = json.loads((SHAPES_DIR / f"{name}.json").read_text())
     out = cache_dir() / "models" / f"shape-{name}"
-    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([cfg, _SHAPE_TOKENIZER], sort_keys=True).encode()).hexdigest()[:16]
     stamp = out / "tandem_shape.json"
     if stamp.is_file() and json.loads(stamp.read_text()).get("key") == key:
         return out
@@ -85,6 +107,7 @@ def shape_dir(name: str, progress: bool = True) -> Path:
     for f in _TOKENIZER_FILES:
         if (default / f).is_file():
             (out / f).write_bytes((default / f).read_bytes())
+    _pad_vocab(out / "tokenizer.json", cfg["vocab_size"])
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     stamp.write_text(json.dumps({"shape": name, "key": key, "tokenizer": DEFAULT_MODEL}))
     return out
