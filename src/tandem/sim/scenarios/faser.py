@@ -48,7 +48,7 @@ FRONTIER = 4
 
 
 def spec_config(policy: str, k: int = MAX_K, frontier_size: int = 0, overlap: bool = False, auto: bool = False,
-          run_ahead: str = "off") -> SpecConfig:
+                run_ahead: str = "off") -> SpecConfig:
     return SpecConfig(method="draft", draft_model="qwen3-0.6b", policy=policy, max_draft_tokens=k,
                       frontier_size=frontier_size, overlap=overlap, adaptive_frontiers=auto, run_ahead=run_ahead)
 
