@@ -18,7 +18,8 @@ import logging
 import sys
 from pathlib import Path
 
-from tandem.bench.cli_args import add_agents_parser, add_calibrate_parser, add_compare_parser, add_serve_parser
+from tandem.bench.cli_args import add_agents_parser, add_calibrate_parser, add_serve_parser
+from tandem.bench.peers.cli import add_compare_parser
 from tandem.cli_engine import SERVE_BATCHED_TOKENS, add_model_args, make_llm, served_model_name
 from tandem.cli_serve import add_serve_arguments
 from tandem.errors import TandemError

