@@ -46,3 +46,20 @@ def test_the_engine_sizes_its_cache_by_the_rule(tiny_llama, monkeypatch):
     kv_dtype = sized.engine.executor.cache.dtype          # float16 where auto picks it (see test_kv_dtype)
     per_block = PagedKVCache.bytes_per_block(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, kv_dtype)
     assert sized.engine.scheduler.kv.num_blocks == 2**20 // per_block
+
+
+def test_loader_leftovers_are_released_before_the_kv_cache(tiny_llama, monkeypatch):
+    """The engine gives the memory its loader freed back to the system before it allocates the KV
+    cache, so that the process's peak is the weights plus the cache (the 8B shape's budget,
+    docs/benchmarks.md, "Model sizes")."""
+    events = []
+    monkeypatch.setattr(llm_module, "release_free_host_memory", lambda: events.append("release"))
+    executor = llm_module.TorchExecutor
+
+    def build(*args, **kwargs):
+        events.append("kv cache")
+        return executor(*args, **kwargs)
+
+    monkeypatch.setattr(llm_module, "TorchExecutor", build)
+    LLM(model=str(tiny_llama), dtype="float32", progress=False, max_num_seqs=2)
+    assert events == ["release", "kv cache"]

@@ -23,8 +23,8 @@ from tandem.models.generation_config import default_sampling_params, generation_
 from tandem.models.loader import load_arch, load_model
 from tandem.outputs import RequestOutput
 from tandem.runner.attention import PagedKVCache
-from tandem.runner.device import (available_memory_bytes, resolve_block_size, resolve_device, resolve_dtype,
-                                  resolve_kv_dtype)
+from tandem.runner.device import (available_memory_bytes, release_free_host_memory, resolve_block_size,
+                                  resolve_device, resolve_dtype, resolve_kv_dtype)
 from tandem.executor import TorchExecutor
 from tandem.sampling_params import SamplingParams
 from tandem.sched.build import build_scheduler
@@ -71,6 +71,8 @@ def build_engine(model_cfg: ModelConfig, cache_cfg: CacheConfig, sched_cfg: Sche
         model, quant = load_dummy_model(model_dir, dtype, device, max_len, seed=model_cfg.seed), "dummy (random)"
     else:
         model, quant = load_weights(model_dir, dtype, device, max_len, model_cfg.quantization)
+    if device.type == "cpu":
+        release_free_host_memory()      # before the KV cache: the peak is weights plus cache
     sched_cfg = dataclasses.replace(sched_cfg, max_model_len=max_len)
     num_host = int(cache_cfg.swap_space_gb * 2**30 // bytes_per_block)
     kv = KVCacheManager(num_blocks, cache_cfg.block_size, cache_cfg.enable_prefix_caching, num_host_blocks=num_host)

@@ -51,6 +51,22 @@ def available_memory_bytes(device: torch.device) -> int:
     return 0
 
 
+def release_free_host_memory() -> None:
+    """Give the memory that loading freed back to the system: collect Python's garbage, then ask
+    glibc's allocator to return its free pages (malloc_trim; its heap keeps them otherwise, and
+    they count towards the process's resident memory). Called once the weights are loaded and
+    before the KV cache is allocated, so that the process's peak is weights plus cache, not
+    weights plus the loader's leftovers plus cache. A no-op where the C library is not glibc."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def cpu_has_fast_bf16() -> bool:
     """True if this CPU computes bf16 matmuls natively (AVX512-BF16 or AMX); else bf16 is emulated and slow.
 
