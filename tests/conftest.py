@@ -105,3 +105,21 @@ def default_model_dir() -> Path:
     from tandem.models.fetch import fetch_default_model
 
     return fetch_default_model(progress=False)
+
+
+@pytest.fixture
+def no_peer_runs(monkeypatch):
+    """Each peer's compare records its options instead of running anything."""
+    from tandem.bench.peers import llamacpp, variants
+    from tandem.bench.peers import vllm as vllm_peer
+
+    calls = []
+
+    def fake(a):
+        calls.append(a)
+        return {"peer": a.peer, "rates": a.rates}
+
+    monkeypatch.setattr(vllm_peer, "compare", fake)
+    monkeypatch.setattr(llamacpp, "compare", fake)
+    monkeypatch.setattr(variants, "compare", fake)
+    return calls

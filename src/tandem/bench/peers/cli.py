@@ -159,10 +159,9 @@ def compare_options(a: argparse.Namespace) -> None:
             raise ValueError("--engines: a comma-separated subset of llamacpp, tandem")
         if a.rounds < 1 or a.max_tokens < 1:
             raise ValueError("--rounds and --max-tokens: at least 1")
-        for item in (a.model or "default").split(","):
-            file = item.rpartition("=")[2]
-            if file != "default" and not Path(file).expanduser().is_file():
-                raise ValueError(f"--model: no GGUF file {file!r}")
+        from tandem.bench.peers.llamacpp import gguf_spec
+
+        gguf_spec(a.model)
     elif a.peer == "tandem":
         from tandem.bench.peers.variants import parse_variants
 

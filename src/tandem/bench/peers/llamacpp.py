@@ -44,7 +44,7 @@ import subprocess
 from pathlib import Path
 
 from tandem.bench.peers import tandem_bin
-from tandem.bench.peers.report import SERVE_METRICS, serve_row
+from tandem.bench.peers.report import SERVE_METRICS, serve_medians, serve_row
 from tandem.bench.peers.vllm import log, peer_dir, serve_rounds
 
 ENGINES = ("llamacpp", "tandem")
@@ -98,10 +98,7 @@ def compare(a) -> dict:
 
 def serve(a, raw: Path) -> dict:
     """The served part: both servers on the default model's GGUF, `vllm bench serve` per rate and seed."""
-    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, fetch_default_model
-
-    model_dir = fetch_default_model(progress=False)
-    gguf = model_dir.parent / Path(DEFAULT_GGUF_MEMBER).name
+    model_dir, gguf = default_model()
     binary = Path(a.llama_server).resolve()
     cores = str(os.cpu_count() or 1)
     servers = {
@@ -119,33 +116,40 @@ def serve(a, raw: Path) -> dict:
     engines = a.engines.split(",")
     runs = serve_rounds(a, peer_dir(), model_dir, {k: v for k, v in servers.items() if k in engines}, raw)
     data["runs"] = runs
-    data["medians"] = {str(r): {name: {key: statistics.median(x[key] for x in runs[name][str(r)])
-                                       for key, _, _ in SERVE_METRICS if all(x.get(key) is not None
-                                                                             for x in runs[name][str(r)])}
-                                for name in runs} for r in a.rates}
+    data["medians"] = serve_medians(runs, a.rates)
     return data
 
 
-def gguf_files(spec: str | None) -> dict[str, Path]:
-    """--model of the one-stream part: comma-separated `FILE`, `NAME=FILE` or `default` (the default
-    model's own GGUF) -> {name: path}. A ValueError names a file that does not exist."""
-    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, cache_dir, fetch_default_model
+def default_model() -> tuple[Path, Path]:
+    """The default model's converted directory and, beside it, its own GGUF (fetched once)."""
+    from tandem.models.fetch import DEFAULT_GGUF_MEMBER, fetch_default_model
 
-    files: dict[str, Path] = {}
+    model_dir = fetch_default_model(progress=False)
+    return model_dir, model_dir.parent / Path(DEFAULT_GGUF_MEMBER).name
+
+
+def gguf_spec(spec: str | None) -> dict[str, str]:
+    """--model of the one-stream part: comma-separated `FILE`, `NAME=FILE` or `default` (the default
+    model's own GGUF, not fetched here) -> {name: file}, a name defaulting to the file's stem. A
+    ValueError names a file that does not exist or a name given twice."""
+    from tandem.models.fetch import DEFAULT_GGUF_MEMBER
+
+    files: dict[str, str] = {}
     for item in (spec or "default").split(","):
         name, _, file = item.rpartition("=")
-        if file == "default":
-            fetch_default_model(progress=False)
-            path = cache_dir() / "models" / Path(DEFAULT_GGUF_MEMBER).name
-        else:
-            path = Path(file).expanduser()
-            if not path.is_file():
-                raise ValueError(f"--model: no GGUF file {file!r}")
-        name = name or path.stem
+        if file != "default" and not Path(file).expanduser().is_file():
+            raise ValueError(f"--model: no GGUF file {file!r}")
+        name = name or Path(DEFAULT_GGUF_MEMBER if file == "default" else file).stem
         if name in files:
             raise ValueError(f"--model: two files named {name!r} (name them: NAME=FILE)")
-        files[name] = path
+        files[name] = file
     return files
+
+
+def gguf_files(spec: str | None) -> dict[str, Path]:
+    """`gguf_spec`'s files as paths, the default model's fetched where named."""
+    return {name: default_model()[1] if file == "default" else Path(file).expanduser()
+            for name, file in gguf_spec(spec).items()}
 
 
 def one_stream(a, raw: Path) -> dict:
@@ -167,8 +171,9 @@ def one_stream(a, raw: Path) -> dict:
         ours = statistics.median(x["tandem"]["decode_tok_s"] for x in mine)
         theirs = statistics.median(x["llamacpp"]["tok_s"] for x in mine)
         rss = statistics.median(x["tandem"]["peak_rss_mb"] for x in mine)
-        budget_mb = (path.stat().st_size + ONE_STREAM_KV_GB * 2**30) / 2**20
-        summary[name] = {"file_bytes": path.stat().st_size, "tandem_tok_s": ours, "llamacpp_tok_s": theirs,
+        size = path.stat().st_size
+        budget_mb = (size + ONE_STREAM_KV_GB * 2**30) / 2**20
+        summary[name] = {"file_bytes": size, "tandem_tok_s": ours, "llamacpp_tok_s": theirs,
                          "ratio": ours / theirs,
                          "ratios_per_round": [x["tandem"]["decode_tok_s"] / x["llamacpp"]["tok_s"] for x in mine],
                          "peak_rss_mb": rss, "rss_over_file_plus_kv": rss / budget_mb}

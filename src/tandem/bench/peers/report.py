@@ -1,6 +1,6 @@
 """The report half of `tandem bench compare --peer vllm` (peers/vllm.py): the figures of the raw runs
-present (from_raw) and the markdown table of medians and Tandem / vLLM ratios (markdown); serve_row,
-one served row, for llama.cpp's table too."""
+present (from_raw), the markdown table of medians and Tandem / vLLM ratios (markdown), the medians
+over seeds of served runs (serve_medians) and one served row (serve_row), for the other peers too."""
 
 from __future__ import annotations
 
@@ -105,3 +105,11 @@ def serve_row(rate: float, label: str, peer: float | None, tandem: float | None)
         return f"| {rate:g} | {label} | {peer} | {tandem} | n/a |"
     ratio = f"{tandem / peer:.2f}" if peer else "n/a"
     return f"| {rate:g} | {label} | {peer:.2f} | {tandem:.2f} | {ratio} |"
+
+
+def serve_medians(runs: dict[str, dict[str, list[dict]]], rates: list[float]) -> dict[str, dict[str, dict]]:
+    """{rate: {server: {metric: median over seeds}}} of `serve_rounds`' runs, for the metrics of
+    SERVE_METRICS that every seed's run reports."""
+    return {str(r): {name: {key: statistics.median(x[key] for x in runs[name][str(r)])
+                            for key, _, _ in SERVE_METRICS if all(x.get(key) is not None for x in runs[name][str(r)])}
+                     for name in runs} for r in rates}

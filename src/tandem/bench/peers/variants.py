@@ -13,11 +13,10 @@ checkout's .venv (peers.tandem_bin).
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 from tandem.bench.peers import tandem_bin
-from tandem.bench.peers.report import SERVE_METRICS
+from tandem.bench.peers.report import SERVE_METRICS, serve_medians
 from tandem.bench.peers.vllm import log, peer_dir, serve_rounds
 
 
@@ -69,10 +68,7 @@ def compare(a) -> dict:
     log(f"machine {data['machine']}, variants {data['variants']}")
     runs = serve_rounds(a, peer_dir(), model_dir, servers, raw)
     data["runs"] = runs
-    data["medians"] = {str(r): {name: {key: statistics.median(x[key] for x in runs[name][str(r)])
-                                       for key, _, _ in SERVE_METRICS
-                                       if all(x.get(key) is not None for x in runs[name][str(r)])}
-                                for name in runs} for r in a.rates}
+    data["medians"] = serve_medians(runs, a.rates)
     (out / "compare.json").write_text(json.dumps(data, indent=1))
     table = markdown(data)
     (out / "compare.md").write_text(table)
