@@ -189,13 +189,16 @@ bf16_gemm = pytest.mark.skipif(module is None or not module.bf16_linear_availabl
 
 
 @bf16_gemm
-@pytest.mark.parametrize("n, k", [(64, 32), (960, 576), (50, 300), (33, 2)])
+@pytest.mark.parametrize("n, k", [(64, 32), (960, 576), (50, 300), (33, 2), (40, 2048)])
 @pytest.mark.parametrize("m", [1, 5, 12, 13, 24, 301])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_linear_bf16_matches_a_float32_reference(n, k, m, bias):
     """The pair-panel bfloat16 kernel accumulates in float32 and rounds once: it equals the float32
     product of the same bfloat16 values, rounded to bfloat16, up to summation order (row counts
-    across the 12-row tiles and the L2 row chunks, widths with a partial 32-column panel)."""
+    across the 12-row tiles and the L2 row chunks, widths with a partial 32-column panel). Where
+    `amx_linear_available()`, every m > 1 with k a multiple of 32 runs on the AMX tiles: 16-row
+    groups in pairs, a zero-padded last group, and at k = 2048 two row chunks, the second with an
+    odd number of groups."""
     torch.manual_seed(0)
     w, x = torch.randn(n, k, dtype=torch.bfloat16), torch.randn(m, k, dtype=torch.bfloat16)
     b = torch.randn(n, dtype=torch.bfloat16) if bias else None

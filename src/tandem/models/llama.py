@@ -28,9 +28,10 @@ class Linear(nn.Module):
     """y = x W^T + b. On CPU the weight is prepacked once at load (`prepack`) for Tandem's own
     kernels where they run: float32 weights into the 16-column panels of `packed_linear`
     (csrc/packed_linear.cpp), bfloat16 weights on CPUs with AVX512-BF16 into the 32-column pair panels
-    of `packed_linear_bf16` (csrc/linear_bf16.cpp); anything else (or without the compiled
-    kernels) for oneDNN. The packed kernels are chosen where they beat oneDNN: at decode's few rows
-    (at prefill's many the two are level)."""
+    of `packed_linear_bf16` (csrc/linear_bf16.cpp, which runs steps of 2+ rows on AMX tiles where the
+    CPU has them); anything else (or without the compiled kernels) for oneDNN. The packed kernels
+    are chosen where they beat oneDNN: at decode's few rows (at prefill's many the two are level,
+    and on AMX the tiles on the panels lead)."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()

@@ -11,14 +11,28 @@
 // A tile of 10+ rows spends so long on each cache line of its panel that the hardware prefetcher
 // falls behind, so it prefetches the panel itself, a few KB ahead; shorter tiles stream at the
 // memory's pace without it.
+//
+// On CPUs with AMX-BF16 a step of kAmxMinRows rows or more runs on the tile unit from the same
+// panels: a B tile is 16 input pairs of 16 columns, i.e. half of 16 consecutive panel rows (row
+// stride 128 bytes), so the layout serves both paths and the weight is held once. Each block of 32
+// rows x 32 columns keeps its sums in four C tiles (rows 0-15 / 16-31 x columns 0-15 / 16-31) and
+// per 32 inputs loads two A tiles (x) and two B tiles (the panel); a last group of fewer than 16
+// rows is read from a zero-padded copy. Linux hands out the tile state only on request
+// (arch_prctl ARCH_REQ_XCOMP_PERM), asked once; where that fails the AVX512-BF16 path runs.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define TANDEM_BF16_GEMM 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TANDEM_AMX 1
+#endif
 #endif
 
 namespace {
@@ -78,8 +92,98 @@ inline void tile_rows(int64_t rows, uint16_t* y, int64_t ldy, const uint16_t* x,
   }
 }
 
+#ifdef TANDEM_AMX
+constexpr int64_t kAmxMinRows = 2;    // one row streams the weights as fast on VDPBF16PS
+
+bool amx_permitted() {   // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return ok;
+}
+
+struct alignas(64) TileConfig {   // the 64-byte operand of LDTILECFG, palette 1
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: C (16 rows x 16 float32 sums each); 4-5: A (16 rows x 32 inputs); 6-7: B (16 input pairs
+// x 16 columns x 2). Every tile is 16 rows of 64 bytes.
+TileConfig amx_config() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
+  return c;
+}
+
+// y rows [0, valid) of one panel's 32 columns from 16 (a0 only) or 32 rows of x (a0, a1: each
+// 16 rows with row stride ldx); k a multiple of 32.
+void amx_block(const uint16_t* a0, const uint16_t* a1, int64_t ldx, const uint16_t* panel, int64_t k,
+               uint16_t* y, int64_t ldy, int64_t valid, const float* bias, int64_t cols, float* buf) {
+  _tile_zero(0); _tile_zero(1);
+  if (a1 != nullptr) { _tile_zero(2); _tile_zero(3); }
+  for (int64_t k0 = 0; k0 < k; k0 += 32) {
+    const uint16_t* b = panel + k0 * kCols;   // panel row k0 / 2, 2 * kCols values a row
+    _tile_loadd(6, b, 4 * kCols);
+    _tile_loadd(7, b + kCols, 4 * kCols);
+    _tile_loadd(4, a0 + k0, 2 * ldx);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (a1 != nullptr) {
+      _tile_loadd(5, a1 + k0, 2 * ldx);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, buf, 4 * kCols);
+  _tile_stored(1, buf + 16, 4 * kCols);
+  if (a1 != nullptr) { _tile_stored(2, buf + 16 * kCols, 4 * kCols); _tile_stored(3, buf + 16 * kCols + 16, 4 * kCols); }
+  const __mmask16 m0 = cols >= 16 ? 0xffff : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  __m512 bias0 = _mm512_setzero_ps(), bias1 = bias0;
+  if (bias != nullptr) { bias0 = _mm512_maskz_loadu_ps(m0, bias); bias1 = _mm512_maskz_loadu_ps(m1, bias + 16); }
+  for (int64_t r = 0; r < valid; ++r) {
+    const float* s = buf + r * kCols;
+    _mm256_mask_storeu_epi16(y + r * ldy, m0, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s), bias0)));
+    _mm256_mask_storeu_epi16(y + r * ldy + 16, m1,
+                             (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), bias1)));
+  }
+}
+
+void amx_linear(uint16_t* y, const uint16_t* x, const uint16_t* w, const float* bias, int64_t m, int64_t n,
+                int64_t k) {
+  const int64_t np = panels_of(n), full = m / 16 * 16, tail = m - full;
+  std::vector<uint16_t> pad(tail ? 16 * k : 0, 0);   // the last rows, zero-padded to a whole tile
+  if (tail) std::memcpy(pad.data(), x + full * k, tail * k * sizeof(uint16_t));
+  const int64_t groups = (m + 15) / 16;
+  auto group = [&](int64_t g) { return g * 16 < full ? x + g * 16 * k : pad.data(); };
+  // Groups per chunk: x's chunk fits half of a 2 MB L2 beside the panel in use.
+  const int64_t gc = std::max<int64_t>(2, (1024 * 1024 / (16 * k * 2)) / 2 * 2);
+  for (int64_t g0 = 0; g0 < groups; g0 += gc) {
+    const int64_t g1 = std::min(groups, g0 + gc);
+    at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
+      const TileConfig cfg = amx_config();
+      _tile_loadconfig(&cfg);
+      alignas(64) float buf[32 * kCols];
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t c0 = p * kCols, cols = std::min(kCols, n - c0);
+        const uint16_t* panel = w + p * k * kCols;
+        for (int64_t g = g0; g < g1; g += 2) {
+          const bool two = g + 1 < g1;
+          const int64_t valid = std::min<int64_t>(two ? 32 : 16, m - g * 16);
+          amx_block(group(g), two ? group(g + 1) : nullptr, k, panel, k, y + g * 16 * n + c0, n, valid,
+                    bias != nullptr ? bias + c0 : nullptr, cols, buf);
+        }
+      }
+      _tile_release();
+    });
+  }
+}
+#endif
+
 void linear_impl(uint16_t* y, const uint16_t* x, const uint16_t* w, const float* bias, int64_t m, int64_t n,
                  int64_t k) {
+#ifdef TANDEM_AMX
+  if (m >= kAmxMinRows && k % 32 == 0 && amx_permitted()) return amx_linear(y, x, w, bias, m, n, k);
+#endif
   const int64_t np = panels_of(n), pairs = k / 2;
   // Rows per chunk: x's chunk (bf16) fits half of a 512 KB L2, beside the panel in use.
   const int64_t mc = std::max<int64_t>(kMaxRows, (256 * 1024 / (k * 2)) / kMaxRows * kMaxRows);
@@ -103,6 +207,14 @@ void linear_impl(uint16_t* y, const uint16_t* x, const uint16_t* w, const float*
 bool bf16_linear_available() {
 #ifdef TANDEM_BF16_GEMM
   return true;
+#else
+  return false;
+#endif
+}
+
+bool amx_linear_available() {
+#ifdef TANDEM_AMX
+  return amx_permitted();
 #else
   return false;
 #endif
@@ -162,6 +274,8 @@ torch::Tensor packed_linear_bf16(torch::Tensor x, torch::Tensor w, c10::optional
 
 void register_linear_bf16(pybind11::module_& m) {
   m.def("bf16_linear_available", &bf16_linear_available, "whether pack_linear_bf16 runs here (AVX512-BF16)");
+  m.def("amx_linear_available", &amx_linear_available,
+        "whether packed_linear_bf16 runs steps of 2+ rows (K a multiple of 32) on AMX tiles here");
   m.def("pack_linear_bf16", &pack_linear_bf16, "bfloat16 [N, K] weights -> [N/32, K/2, 64] panels");
   m.def("packed_linear_bf16", &packed_linear_bf16, "x @ W^T (+ bias) in bfloat16 with W packed by pack_linear_bf16");
 }
