@@ -230,8 +230,8 @@ prefill_bf16 = pytest.mark.skipif(module is None or not module.prefill_bf16_avai
 def test_prefill_attention_bf16_matches_causal_sdpa(bs, start, length, heads, kv):
     """A chunk at positions start.. over scattered blocks equals float32 SDPA on the gathered context
     (the kernel rounds probabilities to bfloat16 for the value product, as bfloat16 SDPA does).
-    Group sizes 1-4, rows that fill the kernel's four-row blocks or leave a remainder, and contexts
-    that start, end and cross its 64-key tiles anywhere."""
+    Group sizes 1-4, rows that fill the kernel's four-row blocks (16-row blocks on AMX tiles) or
+    leave a remainder, and contexts that start, end and cross its 64-key tiles anywhere."""
     torch.manual_seed(bs + start)
     d = 64
     ctx = start + length

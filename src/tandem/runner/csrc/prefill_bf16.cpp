@@ -13,6 +13,10 @@
 // The rearranged tile is shared by every row of the chunk, four rows at a time (each loaded vector
 // feeds four rows' multiply-adds).
 // Rows are dealt to the threads by query parity, so both see the same mix of short and long contexts.
+// On CPUs with AMX-BF16 both products run on the tile unit instead (attend_rows_amx), 16 rows at a
+// time: the rearranged keys are already B tiles of the scores (16 dimension pairs x 16 keys) and the
+// interleaved values B tiles of the weighted sum (16 key pairs x 16 dimensions); the softmax stays
+// on AVX-512 between the two, and the tile's weighted sum is added to the rescaled accumulator there.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -24,7 +28,12 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define TANDEM_PREFILL_BF16 1
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define TANDEM_PREFILL_AMX 1
 #endif
+#endif
+
+bool amx_linear_available();   // linear_bf16.cpp: AMX compiled in and the tile state granted
 
 namespace {
 
@@ -188,6 +197,127 @@ void attend_rows(uint16_t* out, const uint16_t* q, const uint16_t* kh, const uin
 }
 #endif
 
+#ifdef TANDEM_PREFILL_AMX
+struct alignas(64) TileConfig {   // LDTILECFG's operand, palette 1: every tile 16 rows of 64 bytes
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// attend_rows on AMX tiles, 16 rows a block (queries gathered into whole tiles). Tiles 0-3: C (a
+// block's 64 scores, then its 64 output dimensions); 4: A (queries, then probabilities); 5: B.
+void attend_rows_amx(uint16_t* out, const uint16_t* q, const uint16_t* kh, const uint16_t* vh, const int32_t* blocks,
+                     int64_t start, int64_t len, int64_t first, int64_t step, int64_t heads, int64_t g_size,
+                     int64_t h, int64_t bs, float scale) {
+  constexpr int64_t d = 64, R = 16;
+  std::vector<int64_t> row_pos;
+  std::vector<uint16_t*> row_out;
+  std::vector<uint16_t> qbuf;                       // the rows' queries, R to a tile
+  for (int64_t i = first; i < len; i += step)
+    for (int64_t g = 0; g < g_size; ++g) {
+      row_pos.push_back(start + i);
+      row_out.push_back(out + (i * heads + h * g_size + g) * d);
+      const uint16_t* qr = q + (i * heads + h * g_size + g) * d;
+      qbuf.insert(qbuf.end(), qr, qr + d);
+    }
+  const int64_t nrows = static_cast<int64_t>(row_pos.size());
+  if (nrows == 0) return;
+  const int64_t nblk = (nrows + R - 1) / R;
+  const std::vector<uint16_t> last_q(qbuf.end() - d, qbuf.end());
+  while (static_cast<int64_t>(row_pos.size()) < nblk * R) {   // pad with copies of the last row (never stored)
+    row_pos.push_back(row_pos.back());
+    qbuf.insert(qbuf.end(), last_q.begin(), last_q.end());
+  }
+  std::vector<float> acc(nblk * R * d, 0.f), mx(nblk * R, -std::numeric_limits<float>::infinity()), sum(nblk * R, 0.f);
+  alignas(64) int32_t kt[d / 2][kTile];             // [dim pair][key]: B tiles of the scores
+  alignas(64) uint16_t vp[kTile / 2][d][2];         // [key pair][dim][2]: B tiles of the weighted sum
+  alignas(64) float sc[R][kTile];                   // a block's scores
+  alignas(64) uint16_t pb[R][kTile];                // its probabilities, bfloat16: A tiles
+  alignas(64) float ov[R][d];                       // this key tile's weighted sum
+  const TileConfig cfg;
+  _tile_loadconfig(&cfg);
+  const int64_t ctx = start + len, last = row_pos[nrows - 1];
+  const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t first_blk = 0;
+  for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
+    const int64_t n = std::min<int64_t>(kTile, ctx - t0);
+    for (int64_t t = 0; t < kTile; ++t) {           // keys past n repeat the last (probability 0)
+      const int64_t p = t0 + std::min<int64_t>(t, n - 1);
+      const int64_t slot = static_cast<int64_t>(blocks[p / bs]) * bs + p % bs;
+      const uint16_t* kr = kh + slot * d;
+      const uint16_t* vr = vh + slot * d;
+      for (int64_t j = 0; j < d / 2; ++j) kt[j][t] = pair_at(kr + 2 * j);
+      for (int64_t j = 0; j < d; ++j) vp[t / 2][j][t % 2] = vr[j];
+    }
+    while (first_blk < nblk && row_pos[(first_blk + 1) * R - 1] < t0) ++first_blk;
+    for (int64_t b = first_blk; b < nblk; ++b) {
+      const uint16_t* qa = qbuf.data() + b * R * d;
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t half = 0; half < 2; ++half) {    // dimensions 32 half .. 32 half + 31
+        _tile_loadd(4, qa + 32 * half, 2 * d);
+        _tile_loadd(5, &kt[16 * half][0], 4 * kTile);  _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(5, &kt[16 * half][16], 4 * kTile); _tile_dpbf16ps(1, 4, 5);
+        _tile_loadd(5, &kt[16 * half][32], 4 * kTile); _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(5, &kt[16 * half][48], 4 * kTile); _tile_dpbf16ps(3, 4, 5);
+      }
+      _tile_stored(0, &sc[0][0], 4 * kTile); _tile_stored(1, &sc[0][16], 4 * kTile);
+      _tile_stored(2, &sc[0][32], 4 * kTile); _tile_stored(3, &sc[0][48], 4 * kTile);
+      float corr[R];
+      for (int64_t r = 0; r < R; ++r) {             // online softmax, as attend_rows
+        const int64_t row = b * R + r, visible = std::min<int64_t>(n, row_pos[row] - t0 + 1);
+        if (visible <= 0) {
+          corr[r] = 1.f;
+          std::memset(pb[r], 0, sizeof pb[r]);
+          continue;
+        }
+        __m512 s[4], m4 = ninf;
+        for (int64_t c = 0; c < 4; ++c) {
+          const int64_t v = std::min<int64_t>(16, std::max<int64_t>(0, visible - 16 * c));
+          const __mmask16 mk = v >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << v) - 1);
+          s[c] = _mm512_mask_mul_ps(ninf, mk, _mm512_load_ps(sc[r] + 16 * c), sv);
+          m4 = _mm512_max_ps(m4, s[c]);
+        }
+        const float m_old = mx[row], m_new = std::max(m_old, _mm512_reduce_max_ps(m4));
+        const __m512 mv = _mm512_set1_ps(m_new);
+        __m512 tot = _mm512_setzero_ps();
+        for (int64_t c = 0; c < 4; ++c) {
+          const __mmask16 live = _mm512_cmp_ps_mask(s[c], ninf, _CMP_NEQ_OQ);
+          const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s[c], mv)));
+          tot = _mm512_add_ps(tot, e);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(pb[r] + 16 * c), (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        corr[r] = m_new == m_old ? 1.f : std::exp(m_old - m_new);
+        mx[row] = m_new;
+        sum[row] = sum[row] * corr[r] + _mm512_reduce_add_ps(tot);
+      }
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t kh2 = 0; kh2 < 2; ++kh2) {       // keys 32 kh2 .. 32 kh2 + 31
+        _tile_loadd(4, &pb[0][32 * kh2], 2 * kTile);
+        _tile_loadd(5, &vp[16 * kh2][0][0], 4 * d);  _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(5, &vp[16 * kh2][16][0], 4 * d); _tile_dpbf16ps(1, 4, 5);
+        _tile_loadd(5, &vp[16 * kh2][32][0], 4 * d); _tile_dpbf16ps(2, 4, 5);
+        _tile_loadd(5, &vp[16 * kh2][48][0], 4 * d); _tile_dpbf16ps(3, 4, 5);
+      }
+      _tile_stored(0, &ov[0][0], 4 * d); _tile_stored(1, &ov[0][16], 4 * d);
+      _tile_stored(2, &ov[0][32], 4 * d); _tile_stored(3, &ov[0][48], 4 * d);
+      for (int64_t r = 0; r < R; ++r) {
+        float* ar = acc.data() + (b * R + r) * d;
+        const __m512 cv = _mm512_set1_ps(corr[r]);
+        for (int64_t c = 0; c < d; c += 16)
+          _mm512_storeu_ps(ar + c, _mm512_fmadd_ps(_mm512_loadu_ps(ar + c), cv, _mm512_load_ps(ov[r] + c)));
+      }
+    }
+  }
+  _tile_release();
+  for (int64_t r = 0; r < nrows; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.f / sum[r]);
+    for (int64_t c = 0; c < d; c += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row_out[r] + c),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * d + c), inv)));
+  }
+}
+#endif
+
 }  // namespace
 
 bool prefill_bf16_available() {
@@ -223,9 +353,19 @@ torch::Tensor prefill_attention_bf16(torch::Tensor q, torch::Tensor k_cache, tor
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const int32_t* bp = blocks.data_ptr<int32_t>();
   const int64_t g_size = heads / kv, parts = std::min<int64_t>(2, len);
+#ifdef TANDEM_PREFILL_AMX
+  const bool amx = amx_linear_available();
+#endif
   at::parallel_for(0, kv * parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / parts, first = item % parts;
+#ifdef TANDEM_PREFILL_AMX
+      if (amx) {
+        attend_rows_amx(op, qp, kp + h * slots * 64, vp + h * slots * 64, bp, start, len, first, parts, heads, g_size,
+                        h, block_size, static_cast<float>(scale));
+        continue;
+      }
+#endif
       attend_rows(op, qp, kp + h * slots * 64, vp + h * slots * 64, bp, start, len, first, parts, heads, g_size, h,
                   block_size, static_cast<float>(scale));
     }
