@@ -38,7 +38,7 @@ _SOURCES = [_CSRC / name for name in (
     "decoder_stack.cpp",      # DecoderStack
 )]
 # helpers shared by several sources, and the 8-bit kernel's parts: part of the build's key
-_HEADERS = [_CSRC / name for name in ("common.h", "paged_attention.h", "paged_attention_bf16.h", "quant_i8.h",
+_HEADERS = [_CSRC / name for name in ("common.h", "amx.h", "paged_attention.h", "paged_attention_bf16.h", "quant_i8.h",
                                        "quant_i8_kquant.h")]
 _module: ModuleType | None = None
 _tried = False

@@ -17,8 +17,8 @@
 // stride 128 bytes), so the layout serves both paths and the weight is held once. Each block of 32
 // rows x 32 columns keeps its sums in four C tiles (rows 0-15 / 16-31 x columns 0-15 / 16-31) and
 // per 32 inputs loads two A tiles (x) and two B tiles (the panel); a last group of fewer than 16
-// rows is read from a zero-padded copy. Linux hands out the tile state only on request
-// (arch_prctl ARCH_REQ_XCOMP_PERM), asked once; where that fails the AVX512-BF16 path runs.
+// rows is read from a zero-padded copy. Where the tile state is not granted (amx.h) the AVX512-BF16
+// path runs.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -28,12 +28,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define TANDEM_BF16_GEMM 1
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#define TANDEM_AMX 1
 #endif
-#endif
+#include "amx.h"
 
 namespace {
 
@@ -95,25 +91,8 @@ inline void tile_rows(int64_t rows, uint16_t* y, int64_t ldy, const uint16_t* x,
 #ifdef TANDEM_AMX
 constexpr int64_t kAmxMinRows = 2;    // one row streams the weights as fast on VDPBF16PS
 
-bool amx_permitted() {   // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  return ok;
-}
-
-struct alignas(64) TileConfig {   // the 64-byte operand of LDTILECFG, palette 1
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-3: C (16 rows x 16 float32 sums each); 4-5: A (16 rows x 32 inputs); 6-7: B (16 input pairs
-// x 16 columns x 2). Every tile is 16 rows of 64 bytes.
-TileConfig amx_config() {
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
-  return c;
-}
-
+// x 16 columns x 2).
 // y rows [0, valid) of one panel's 32 columns from 16 (a0 only) or 32 rows of x (a0, a1: each
 // 16 rows with row stride ldx); k a multiple of 32.
 void amx_block(const uint16_t* a0, const uint16_t* a1, int64_t ldx, const uint16_t* panel, int64_t k,
@@ -160,8 +139,7 @@ void amx_linear(uint16_t* y, const uint16_t* x, const uint16_t* w, const float* 
   for (int64_t g0 = 0; g0 < groups; g0 += gc) {
     const int64_t g1 = std::min(groups, g0 + gc);
     at::parallel_for(0, np, 1, [&](int64_t begin, int64_t end) {
-      const TileConfig cfg = amx_config();
-      _tile_loadconfig(&cfg);
+      const tandem_amx::Tiles tiles;
       alignas(64) float buf[32 * kCols];
       for (int64_t p = begin; p < end; ++p) {
         const int64_t c0 = p * kCols, cols = std::min(kCols, n - c0);
@@ -173,7 +151,6 @@ void amx_linear(uint16_t* y, const uint16_t* x, const uint16_t* w, const float* 
                     bias != nullptr ? bias + c0 : nullptr, cols, buf);
         }
       }
-      _tile_release();
     });
   }
 }
@@ -182,7 +159,7 @@ void amx_linear(uint16_t* y, const uint16_t* x, const uint16_t* w, const float* 
 void linear_impl(uint16_t* y, const uint16_t* x, const uint16_t* w, const float* bias, int64_t m, int64_t n,
                  int64_t k) {
 #ifdef TANDEM_AMX
-  if (m >= kAmxMinRows && k % 32 == 0 && amx_permitted()) return amx_linear(y, x, w, bias, m, n, k);
+  if (m >= kAmxMinRows && k % 32 == 0 && tandem_amx::permitted()) return amx_linear(y, x, w, bias, m, n, k);
 #endif
   const int64_t np = panels_of(n), pairs = k / 2;
   // Rows per chunk: x's chunk (bf16) fits half of a 512 KB L2, beside the panel in use.
@@ -214,7 +191,7 @@ bool bf16_linear_available() {
 
 bool amx_linear_available() {
 #ifdef TANDEM_AMX
-  return amx_permitted();
+  return tandem_amx::permitted();
 #else
   return false;
 #endif

@@ -28,12 +28,8 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define TANDEM_PREFILL_BF16 1
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define TANDEM_PREFILL_AMX 1
 #endif
-#endif
-
-bool amx_linear_available();   // linear_bf16.cpp: AMX compiled in and the tile state granted
+#include "amx.h"
 
 namespace {
 
@@ -66,6 +62,67 @@ inline int32_t pair_at(const uint16_t* p) {
 
 constexpr int64_t kTile = 64;   // keys per tile: four vectors of scores per row
 constexpr int64_t kRows = 4;    // rows computed together (register blocking)
+constexpr int64_t kDim = 64;    // the head size both kernels cover
+
+// The keys and values of positions t0 .. t0 + n - 1 from the paged cache, rearranged for the two
+// products: keys as dimension pairs (kt[pair][key]), values interleaved by key pairs
+// (vp[key pair][dim][2]). Slots past n repeat the last key (their probability is 0).
+inline void gather_tile(int32_t (*kt)[kTile], uint16_t (*vp)[kDim][2], const uint16_t* kh, const uint16_t* vh,
+                        const int32_t* blocks, int64_t t0, int64_t n, int64_t bs) {
+  for (int64_t t = 0; t < kTile; ++t) {
+    const int64_t p = t0 + std::min<int64_t>(t, n - 1);
+    const int64_t slot = static_cast<int64_t>(blocks[p / bs]) * bs + p % bs;
+    const uint16_t* kr = kh + slot * kDim;
+    const uint16_t* vr = vh + slot * kDim;
+    for (int64_t j = 0; j < kDim / 2; ++j) kt[j][t] = pair_at(kr + 2 * j);
+    for (int64_t j = 0; j < kDim; ++j) vp[t / 2][j][t % 2] = vr[j];
+  }
+}
+
+// One row's online-softmax step over a tile: its raw scores s (the first nv vectors hold keys),
+// `visible` of the tile's keys in its past. Writes the tile's probabilities, bfloat16, to p (kTile
+// values; 0 for keys it does not see), updates the row's running max and sum, and returns the
+// factor that rescales its accumulator (1 for a tile wholly in its future).
+inline float softmax_row(__m512 (&s)[4], int64_t visible, int64_t nv, __m512 sv, uint16_t* p, float& mx, float& sum) {
+  if (visible <= 0) {
+    std::memset(p, 0, kTile * sizeof(uint16_t));
+    return 1.f;
+  }
+  __mmask16 mk[4];
+  for (int64_t c = 0; c < 4; ++c) {
+    const int64_t v = std::min<int64_t>(16, std::max<int64_t>(0, visible - 16 * c));
+    mk[c] = v >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << v) - 1);
+  }
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m4 = ninf;
+  for (int64_t c = 0; c < nv; ++c) {
+    s[c] = _mm512_mask_mul_ps(ninf, mk[c], s[c], sv);
+    m4 = _mm512_max_ps(m4, s[c]);
+  }
+  const float m_old = mx, m_new = std::max(m_old, _mm512_reduce_max_ps(m4));
+  const __m512 mv = _mm512_set1_ps(m_new);
+  __m512 tot = _mm512_setzero_ps();
+  for (int64_t c = 0; c < 4; ++c) {
+    const __m512 e = c < nv ? _mm512_maskz_mov_ps(mk[c], exp16(_mm512_sub_ps(s[c], mv))) : _mm512_setzero_ps();
+    tot = _mm512_add_ps(tot, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * c), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  const float corr = m_new == m_old ? 1.f : std::exp(m_old - m_new);   // 0 on the first tile (m_old = -inf)
+  mx = m_new;
+  sum = sum * corr + _mm512_reduce_add_ps(tot);
+  return corr;
+}
+
+// Each row's output: its accumulator over its softmax sum, rounded to bfloat16.
+inline void store_rows(const std::vector<uint16_t*>& row_out, const std::vector<float>& acc,
+                       const std::vector<float>& sum, int64_t nrows) {
+  for (int64_t r = 0; r < nrows; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.f / sum[r]);
+    for (int64_t c = 0; c < kDim; c += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row_out[r] + c),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * kDim + c), inv)));
+  }
+}
 
 // One kv head, the rows of the queries i = first, first + step, ... of the chunk (g fastest).
 // d == 64 (four vectors of 16 dimensions). The context is walked a tile of 64 keys at a time; each
@@ -105,14 +162,7 @@ void attend_rows(uint16_t* out, const uint16_t* q, const uint16_t* kh, const uin
   for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
     const int64_t n = std::min<int64_t>(kTile, ctx - t0);
     const int64_t nv = (n + 15) / 16;               // score vectors with a key in them
-    for (int64_t t = 0; t < kTile; ++t) {
-      const int64_t p = t0 + std::min<int64_t>(t, n - 1);
-      const int64_t slot = static_cast<int64_t>(blocks[p / bs]) * bs + p % bs;
-      const uint16_t* kr = kh + slot * d;
-      const uint16_t* vr = vh + slot * d;
-      for (int64_t j = 0; j < d / 2; ++j) kt[j][t] = pair_at(kr + 2 * j);
-      for (int64_t j = 0; j < d; ++j) vp[t / 2][j][t % 2] = vr[j];
-    }
+    gather_tile(kt, vp, kh, vh, blocks, t0, n, bs);
     while (first_blk < nblk && row_pos[(first_blk + 1) * kRows - 1] < t0) ++first_blk;
     for (int64_t b = first_blk; b < nblk; ++b) {
       const int64_t r0 = b * kRows;
@@ -133,36 +183,9 @@ void attend_rows(uint16_t* out, const uint16_t* q, const uint16_t* kh, const uin
       }
       // online softmax, per row
       float corr[kRows];
-      for (int64_t r = 0; r < kRows; ++r) {
-        const int64_t visible = std::min<int64_t>(n, row_pos[r0 + r] - t0 + 1);
-        if (visible <= 0) {                         // the whole tile is in this row's future
-          corr[r] = 1.f;
-          for (int64_t c = 0; c < kTile / 2; c += 16) _mm512_store_si512(pp[r] + c, _mm512_setzero_si512());
-          continue;
-        }
-        __mmask16 mk[4];
-        for (int64_t c = 0; c < 4; ++c) {
-          const int64_t v = std::min<int64_t>(16, std::max<int64_t>(0, visible - 16 * c));
-          mk[c] = v >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << v) - 1);
-        }
-        const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-        __m512 m4 = ninf;
-        for (int64_t c = 0; c < nv; ++c) {
-          s[r][c] = _mm512_mask_mul_ps(ninf, mk[c], s[r][c], sv);
-          m4 = _mm512_max_ps(m4, s[r][c]);
-        }
-        const float m_old = mx[r0 + r], m_new = std::max(m_old, _mm512_reduce_max_ps(m4));
-        const __m512 mv = _mm512_set1_ps(m_new);
-        __m512 tot = _mm512_setzero_ps();
-        for (int64_t c = 0; c < 4; ++c) {
-          const __m512 e = c < nv ? _mm512_maskz_mov_ps(mk[c], exp16(_mm512_sub_ps(s[r][c], mv))) : _mm512_setzero_ps();
-          tot = _mm512_add_ps(tot, e);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(pp[r] + 8 * c), (__m256i)_mm512_cvtneps_pbh(e));
-        }
-        corr[r] = m_new == m_old ? 1.f : std::exp(m_old - m_new);   // 0 on the first tile (m_old = -inf)
-        mx[r0 + r] = m_new;
-        sum[r0 + r] = sum[r0 + r] * corr[r] + _mm512_reduce_add_ps(tot);
-      }
+      for (int64_t r = 0; r < kRows; ++r)
+        corr[r] = softmax_row(s[r], std::min<int64_t>(n, row_pos[r0 + r] - t0 + 1), nv, sv,
+                              reinterpret_cast<uint16_t*>(pp[r]), mx[r0 + r], sum[r0 + r]);
       // values: acc[r] = acc[r] * corr + sum over key pairs of probabilities x values
       __m512 a[kRows][4];
       for (int64_t r = 0; r < kRows; ++r) {
@@ -188,22 +211,11 @@ void attend_rows(uint16_t* out, const uint16_t* q, const uint16_t* kh, const uin
       }
     }
   }
-  for (int64_t r = 0; r < nrows; ++r) {
-    const __m512 inv = _mm512_set1_ps(1.f / sum[r]);
-    for (int64_t c = 0; c < d; c += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row_out[r] + c),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * d + c), inv)));
-  }
+  store_rows(row_out, acc, sum, nrows);
 }
 #endif
 
-#ifdef TANDEM_PREFILL_AMX
-struct alignas(64) TileConfig {   // LDTILECFG's operand, palette 1: every tile 16 rows of 64 bytes
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
-
+#ifdef TANDEM_AMX
 // attend_rows on AMX tiles, 16 rows a block (queries gathered into whole tiles). Tiles 0-3: C (a
 // block's 64 scores, then its 64 output dimensions); 4: A (queries, then probabilities); 5: B.
 void attend_rows_amx(uint16_t* out, const uint16_t* q, const uint16_t* kh, const uint16_t* vh, const int32_t* blocks,
@@ -234,21 +246,13 @@ void attend_rows_amx(uint16_t* out, const uint16_t* q, const uint16_t* kh, const
   alignas(64) float sc[R][kTile];                   // a block's scores
   alignas(64) uint16_t pb[R][kTile];                // its probabilities, bfloat16: A tiles
   alignas(64) float ov[R][d];                       // this key tile's weighted sum
-  const TileConfig cfg;
-  _tile_loadconfig(&cfg);
+  const tandem_amx::Tiles tiles;
   const int64_t ctx = start + len, last = row_pos[nrows - 1];
-  const __m512 sv = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 sv = _mm512_set1_ps(scale);
   int64_t first_blk = 0;
   for (int64_t t0 = 0; t0 <= last; t0 += kTile) {
-    const int64_t n = std::min<int64_t>(kTile, ctx - t0);
-    for (int64_t t = 0; t < kTile; ++t) {           // keys past n repeat the last (probability 0)
-      const int64_t p = t0 + std::min<int64_t>(t, n - 1);
-      const int64_t slot = static_cast<int64_t>(blocks[p / bs]) * bs + p % bs;
-      const uint16_t* kr = kh + slot * d;
-      const uint16_t* vr = vh + slot * d;
-      for (int64_t j = 0; j < d / 2; ++j) kt[j][t] = pair_at(kr + 2 * j);
-      for (int64_t j = 0; j < d; ++j) vp[t / 2][j][t % 2] = vr[j];
-    }
+    const int64_t n = std::min<int64_t>(kTile, ctx - t0), nv = (n + 15) / 16;
+    gather_tile(kt, vp, kh, vh, blocks, t0, n, bs);
     while (first_blk < nblk && row_pos[(first_blk + 1) * R - 1] < t0) ++first_blk;
     for (int64_t b = first_blk; b < nblk; ++b) {
       const uint16_t* qa = qbuf.data() + b * R * d;
@@ -264,31 +268,10 @@ void attend_rows_amx(uint16_t* out, const uint16_t* q, const uint16_t* kh, const
       _tile_stored(2, &sc[0][32], 4 * kTile); _tile_stored(3, &sc[0][48], 4 * kTile);
       float corr[R];
       for (int64_t r = 0; r < R; ++r) {             // online softmax, as attend_rows
-        const int64_t row = b * R + r, visible = std::min<int64_t>(n, row_pos[row] - t0 + 1);
-        if (visible <= 0) {
-          corr[r] = 1.f;
-          std::memset(pb[r], 0, sizeof pb[r]);
-          continue;
-        }
-        __m512 s[4], m4 = ninf;
-        for (int64_t c = 0; c < 4; ++c) {
-          const int64_t v = std::min<int64_t>(16, std::max<int64_t>(0, visible - 16 * c));
-          const __mmask16 mk = v >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << v) - 1);
-          s[c] = _mm512_mask_mul_ps(ninf, mk, _mm512_load_ps(sc[r] + 16 * c), sv);
-          m4 = _mm512_max_ps(m4, s[c]);
-        }
-        const float m_old = mx[row], m_new = std::max(m_old, _mm512_reduce_max_ps(m4));
-        const __m512 mv = _mm512_set1_ps(m_new);
-        __m512 tot = _mm512_setzero_ps();
-        for (int64_t c = 0; c < 4; ++c) {
-          const __mmask16 live = _mm512_cmp_ps_mask(s[c], ninf, _CMP_NEQ_OQ);
-          const __m512 e = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(s[c], mv)));
-          tot = _mm512_add_ps(tot, e);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(pb[r] + 16 * c), (__m256i)_mm512_cvtneps_pbh(e));
-        }
-        corr[r] = m_new == m_old ? 1.f : std::exp(m_old - m_new);
-        mx[row] = m_new;
-        sum[row] = sum[row] * corr[r] + _mm512_reduce_add_ps(tot);
+        __m512 sr[4];
+        for (int64_t c = 0; c < 4; ++c) sr[c] = _mm512_load_ps(sc[r] + 16 * c);
+        const int64_t row = b * R + r;
+        corr[r] = softmax_row(sr, std::min<int64_t>(n, row_pos[row] - t0 + 1), nv, sv, pb[r], mx[row], sum[row]);
       }
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       for (int64_t kh2 = 0; kh2 < 2; ++kh2) {       // keys 32 kh2 .. 32 kh2 + 31
@@ -308,13 +291,7 @@ void attend_rows_amx(uint16_t* out, const uint16_t* q, const uint16_t* kh, const
       }
     }
   }
-  _tile_release();
-  for (int64_t r = 0; r < nrows; ++r) {
-    const __m512 inv = _mm512_set1_ps(1.f / sum[r]);
-    for (int64_t c = 0; c < d; c += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row_out[r] + c),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc.data() + r * d + c), inv)));
-  }
+  store_rows(row_out, acc, sum, nrows);
 }
 #endif
 
@@ -353,13 +330,13 @@ torch::Tensor prefill_attention_bf16(torch::Tensor q, torch::Tensor k_cache, tor
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
   const int32_t* bp = blocks.data_ptr<int32_t>();
   const int64_t g_size = heads / kv, parts = std::min<int64_t>(2, len);
-#ifdef TANDEM_PREFILL_AMX
-  const bool amx = amx_linear_available();
+#ifdef TANDEM_AMX
+  const bool amx = tandem_amx::permitted();
 #endif
   at::parallel_for(0, kv * parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / parts, first = item % parts;
-#ifdef TANDEM_PREFILL_AMX
+#ifdef TANDEM_AMX
       if (amx) {
         attend_rows_amx(op, qp, kp + h * slots * 64, vp + h * slots * 64, bp, start, len, first, parts, heads, g_size,
                         h, block_size, static_cast<float>(scale));
