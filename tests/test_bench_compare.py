@@ -103,7 +103,9 @@ def test_peer_is_required(capsys):
     (["--peer", "llamacpp", "--parts", "one-stream"], "--parts one-stream needs --llama-bench PATH"),
     (["--peer", "llamacpp", "--parts", "one-stream", "--llama-bench", "b", "--model", "1b=/no/such.gguf"],
      "--model: no GGUF file '/no/such.gguf'"),
-    (["--peer", "llamacpp", "--llama-server", "x", "--model", "default"], "--model: the one-stream part's GGUF files"),
+    (["--peer", "llamacpp", "--llama-server", "x", "--model", "a=default,b=default"],
+     "--model: the served part runs one GGUF file"),
+    (["--peer", "vllm", "--parts", "serve", "--max-concurrency", "0"], "--max-concurrency: at least 1"),
     (["--peer", "vllm", "--parts", "spec", "--spec-systems", "vllm-eagle"], "--spec-systems: unknown vllm-eagle"),
     (["--peer", "vllm", "--parts", "spec", "--workloads", "gsm8k"], "--workloads: unknown gsm8k"),
     (["--peer", "vllm", "--parts", "spec", "--concurrency", "one"], "--concurrency and --temperatures: comma-sep"),
@@ -238,6 +240,51 @@ def test_llamacpp_markdown():
     assert rows[3] == "| 4 | TTFT p50 ms | 400.00 | 100.00 | 0.25 |"
     assert rows[1] == "| 4 | req/s | None | None | n/a |"
     assert len(rows) == len(report.SERVE_METRICS)
+
+
+def test_llamacpp_serves_the_chosen_gguf_under_one_name(monkeypatch, tmp_path):
+    """Both servers get --model's file under the default model's name (the tokenizer `vllm bench
+    serve` counts with); --slots and --max-concurrency reach the table."""
+    gguf = tmp_path / "1b.gguf"
+    gguf.write_bytes(b"GGUF")
+    model_dir = tmp_path / "SmolLM2-135M-Instruct"
+    monkeypatch.setattr(llamacpp, "default_model", lambda: (model_dir, tmp_path / "default.gguf"))
+    monkeypatch.setattr(llamacpp, "llama_version", lambda binary: "version: 1 (abc)")
+    seen = {}
+
+    def rounds(a, peer, model, servers, raw):
+        seen.update(servers=servers, model=model)
+        return {name: {"inf": [{"request_goodput": 1.0}]} for name in servers}
+
+    monkeypatch.setattr(llamacpp, "serve_rounds", rounds)
+    a = parse("--peer", "llamacpp", "--llama-server", "/opt/llama-server", "--model", f"1b={gguf}", "--slots", "4",
+              "--rates", "inf", "--max-concurrency", "4", "--out", str(tmp_path / "out"))
+    compare_options(a)
+    data = llamacpp.serve(a, tmp_path)
+    llama, tandem = seen["servers"]["llamacpp"][0], seen["servers"]["tandem"][0]
+    assert llama[llama.index("-m") + 1] == str(gguf) and llama[llama.index("--alias") + 1] == model_dir.name
+    assert llama[llama.index("--parallel") + 1] == "4" and llama[llama.index("-c") + 1] == "8192"
+    assert tandem[1:6] == ["serve", "--model", str(gguf), "--served-model-name", model_dir.name]
+    assert seen["model"] == model_dir and (data["model"], data["max_concurrency"], data["slots"]) == ("1b", 4, 4)
+    assert "1b, ShareGPT" in llamacpp.markdown({**data, "machine": "m"})
+    assert "at most 4 in flight" in llamacpp.markdown({**data, "machine": "m"})
+
+
+def test_bench_serve_passes_max_concurrency(monkeypatch, tmp_path):
+    commands = []
+
+    def run(cmd, **kw):
+        commands.append(cmd)
+        Path(cmd[cmd.index("--result-dir") + 1], cmd[cmd.index("--result-filename") + 1]).write_text("{}")
+
+    monkeypatch.setattr(vllm_peer.subprocess, "run", run)
+    a = SimpleNamespace(num_prompts=8, ttft_ms=2000, tpot_ms=100, max_concurrency=4)
+    for bound in (4, None):
+        a.max_concurrency = bound
+        vllm_peer.bench_serve(a, Path("/peer"), Path("/m/M"), Path("/d.json"), 18001, float("inf"), 0,
+                              tmp_path / "r.json")
+    assert commands[0][commands[0].index("--request-rate") + 1] == "inf"
+    assert commands[0][-2:] == ["--max-concurrency", "4"] and "--max-concurrency" not in commands[1]
 
 
 def test_sample_seed_gives_each_rate_its_own_prompts():

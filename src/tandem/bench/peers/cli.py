@@ -19,7 +19,7 @@ vLLM's `vllm bench serve` (tandem.bench.peers; the peers run as their own proces
     tandem bench compare --peer vllm --parts plugin-agents,plugin-serve [--agent-repeats 3]
         [--plugin-options JSON]     (vLLM with Tandem's scheduler, --scheduler-cls, against its own)
     tandem bench compare --peer llamacpp --llama-server PATH [--slots 16] [--rates 2,4] [--seeds 0,1,2]
-        [--engines llamacpp,tandem] [--out DIR] [--json PATH]
+        [--model F.gguf] [--max-concurrency N] [--engines llamacpp,tandem] [--out DIR] [--json PATH]
     tandem bench compare --peer llamacpp --parts one-stream --llama-bench PATH [--model default,1b=F.gguf]
         [--rounds 3] [--max-tokens 128] [--out DIR] [--json PATH]
     tandem bench compare --peer tandem --variants "NAME=FLAGS" --variants "NAME=FLAGS" [--rates 1,2,4]
@@ -65,6 +65,9 @@ def add_compare_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentPar
     c.add_argument("--seeds", default="0,1,2", metavar="S1,S2",
                    help="seed rounds of the served runs, each drawing its own prompts (default 0,1,2)")
     c.add_argument("--num-prompts", type=int, default=64, help="ShareGPT prompts per served run (default 64)")
+    c.add_argument("--max-concurrency", type=int, default=None, metavar="N",
+                   help="served runs: at most N requests in flight (`vllm bench serve`'s flag); with --rates inf, "
+                        "a closed loop of N streams (default: no bound)")
     c.add_argument("--warmup-requests", type=int, default=4,
                    help="unmeasured chat requests sent to each server after it starts (default 4; 0: none)")
     c.add_argument("--ttft-ms", type=int, default=2000, help="goodput SLO on TTFT (default 2000)")
@@ -79,8 +82,9 @@ def add_compare_parser(bsub: argparse._SubParsersAction) -> argparse.ArgumentPar
                                           "llamacpp serve, one-stream (default: serve)")
     c.add_argument("--model", **opt, help="vllm: a model directory or a shape (llama-3.2-1b, ...; with "
                                           "--load-format dummy) for both engines (default: Tandem's converted "
-                                          "default model); llamacpp, one-stream part: GGUF files, comma-separated "
-                                          "FILE, NAME=FILE or default (the default model's own GGUF; the default)")
+                                          "default model); llamacpp: GGUF files, comma-separated FILE, NAME=FILE or "
+                                          "default (the default model's own GGUF; the default), one for the served "
+                                          "part")
     v = c.add_argument_group("--peer vllm only")
     v.add_argument("--prompts-per-kind", type=int, **opt, help="prompt-set items of each kind (default 3)")
     v.add_argument("--offline-prompts", type=int, **opt, help="offline ShareGPT requests (default 64)")
@@ -147,21 +151,23 @@ def compare_options(a: argparse.Namespace) -> None:
     parts = set(getattr(a, "parts", "serve").split(","))
     if parts - set(PEER_PARTS[a.peer]):
         raise ValueError(f"--parts: a comma-separated subset of {', '.join(PEER_PARTS[a.peer])}, got {a.parts!r}")
+    if getattr(a, "max_concurrency", None) is not None and a.max_concurrency < 1:
+        raise ValueError("--max-concurrency: at least 1")
     if a.peer == "llamacpp":
+        from tandem.bench.peers.llamacpp import gguf_spec
+
+        gguf_spec(a.model)
         if "serve" in parts and not a.llama_server:
             raise ValueError("--peer llamacpp needs --llama-server PATH (a llama-server binary)")
         if "one-stream" in parts and not a.llama_bench:
             raise ValueError("--parts one-stream needs --llama-bench PATH (a llama-bench binary)")
-        if "serve" in parts and a.model is not None:
-            raise ValueError("--model: the one-stream part's GGUF files; the served part runs the default model")
+        if "serve" in parts and len(gguf_spec(a.model)) != 1:
+            raise ValueError("--model: the served part runs one GGUF file (run the parts one at a time)")
         engines = a.engines.split(",")
         if not engines or set(engines) - {"llamacpp", "tandem"}:
             raise ValueError("--engines: a comma-separated subset of llamacpp, tandem")
         if a.rounds < 1 or a.max_tokens < 1:
             raise ValueError("--rounds and --max-tokens: at least 1")
-        from tandem.bench.peers.llamacpp import gguf_spec
-
-        gguf_spec(a.model)
     elif a.peer == "tandem":
         from tandem.bench.peers.variants import parse_variants
 

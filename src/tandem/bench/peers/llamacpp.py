@@ -1,8 +1,9 @@
 """Tandem against llama.cpp on the same GGUF: its server (`llama-server`) judged by `vllm bench serve`,
 and one stream against its own benchmark (`llama-bench`).
 
-    tandem bench compare --peer llamacpp --llama-server PATH [--rates 2,4] [--seeds 0,1,2]
-                         [--num-prompts 64] [--slots 16] [--out DIR] [--engines llamacpp,tandem] [--json PATH]
+    tandem bench compare --peer llamacpp --llama-server PATH [--rates 2,4] [--seeds 0,1,2] [--model F.gguf]
+                         [--num-prompts 64] [--slots 16] [--max-concurrency N] [--out DIR]
+                         [--engines llamacpp,tandem] [--json PATH]
     tandem bench compare --peer llamacpp --parts one-stream --llama-bench PATH
                          [--model default,1b=1b.gguf,...] [--rounds 3] [--max-tokens 128]
 
@@ -12,14 +13,16 @@ served part with llama.cpp in vLLM's place: the same ShareGPT prompts per (rate,
 TPOT <= --tpot-ms, medians over seeds.
 
 - llama.cpp: `llama-server` built from source on this machine (`-DGGML_NATIVE=ON`, see
-  docs/benchmarks.md for the commands), on the default model's GGUF (the Q4_1 file Tandem's default
-  model is converted from and whose blocks Tandem computes on), all cores (`-t`), `--slots`
+  docs/benchmarks.md for the commands), on --model's one GGUF: by default the default model's (the
+  Q4_1 file Tandem's default model is converted from and whose blocks Tandem computes on), or a
+  shape's file from `tandem model dummy` (its tokenizer is the default model's), all cores (`-t`), `--slots`
   parallel sequences with continuous batching (llama.cpp's default) and 2,048 tokens of context
   each (Tandem's and vLLM's `max_model_len` here), the GGUF's chat template (`--jinja`). Its other
   defaults stay, except sampling: a request that names no sampling parameter gets temperature 1
   and no top-k / top-p / min-p truncation, what vLLM and Tandem do with this model, instead of
   llama.cpp's own defaults (0.8, 40, 0.95, 0.05), so that all engines sample the same distribution.
-- Tandem: `tandem serve` with default flags (plus --tandem-args).
+- Tandem: `tandem serve` on the same file with default flags (plus --tandem-args).
+- `--max-concurrency N --rates inf`: a closed loop of N streams (`vllm bench serve`'s flags).
 
 One stream (`--parts one-stream`), per GGUF file of --model (`default`: the default model's own
 file; `tandem model dummy` writes the shapes): in each of --rounds rounds, both engines back to
@@ -58,10 +61,12 @@ def llama_version(binary: Path) -> str:
 
 
 def markdown(data: dict) -> str:
+    concurrency = f", at most {data['max_concurrency']} in flight" if data.get("max_concurrency") else ""
     lines = [f"Tandem vs llama.cpp's llama-server ({data['llama_version']}), same machine, one after the "
              f"other ({data['machine']}); medians over seeds {data['seeds']}; ratio = Tandem / llama.cpp "
              f"(for latencies below 1 is better).", "",
-             f"`vllm bench serve`, ShareGPT, {data['num_prompts']} prompts, chat endpoint; goodput: TTFT <= "
+             f"`vllm bench serve`, {data.get('model', 'the default model')}, ShareGPT, {data['num_prompts']} prompts"
+             f"{concurrency}, chat endpoint, llama-server --parallel {data.get('slots', 16)}; goodput: TTFT <= "
              f"{data['ttft_ms']} ms and TPOT <= {data['tpot_ms']} ms:", "",
              "| rate | metric | llama.cpp | Tandem | Tandem / llama.cpp |", "|---:|---|---:|---:|---:|"]
     for rate, per in data["medians"].items():
@@ -97,8 +102,11 @@ def compare(a) -> dict:
 
 
 def serve(a, raw: Path) -> dict:
-    """The served part: both servers on the default model's GGUF, `vllm bench serve` per rate and seed."""
-    model_dir, gguf = default_model()
+    """The served part: both servers on one GGUF (--model; the default model's own file by default),
+    `vllm bench serve` per rate and seed. The prompts are counted with the default model's tokenizer,
+    which the shapes `tandem model dummy` writes carry."""
+    model_dir = default_model()[0]
+    (name, gguf), = gguf_files(a.model).items()
     binary = Path(a.llama_server).resolve()
     cores = str(os.cpu_count() or 1)
     servers = {
@@ -106,12 +114,13 @@ def serve(a, raw: Path) -> dict:
                       "--port", "18002", "-t", cores, "-tb", cores, "--parallel", str(a.slots),
                       "-c", str(2048 * a.slots), "--jinja",
                       "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"], 18002, None),
-        "tandem": ([tandem_bin(), "serve", "--model", str(model_dir), "--port", "18001"]
-                   + a.tandem_args.split(), 18001, None),
+        "tandem": ([tandem_bin(), "serve", "--model", str(gguf), "--served-model-name", model_dir.name,
+                    "--port", "18001"] + a.tandem_args.split(), 18001, None),
     }
-    data = {"llama_version": llama_version(binary), "llama_cmd": servers["llamacpp"][0],
-            "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts, "ttft_ms": a.ttft_ms,
-            "tpot_ms": a.tpot_ms, "tandem_args": a.tandem_args}
+    data = {"llama_version": llama_version(binary), "llama_cmd": servers["llamacpp"][0], "model": name,
+            "file": str(gguf), "rates": a.rates, "seeds": a.seeds, "num_prompts": a.num_prompts,
+            "max_concurrency": a.max_concurrency, "slots": a.slots, "ttft_ms": a.ttft_ms, "tpot_ms": a.tpot_ms,
+            "tandem_args": a.tandem_args}
     log(data["llama_version"])
     engines = a.engines.split(",")
     runs = serve_rounds(a, peer_dir(), model_dir, {k: v for k, v in servers.items() if k in engines}, raw)

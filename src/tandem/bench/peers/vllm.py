@@ -204,6 +204,8 @@ def bench_serve(a, peer: Path, model_dir: Path, dataset: Path, port: int, rate: 
            "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--goodput", f"ttft:{a.ttft_ms}", f"tpot:{a.tpot_ms}",
            "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name]
+    if getattr(a, "max_concurrency", None):
+        cmd += ["--max-concurrency", str(a.max_concurrency)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     data = json.loads(out.read_text())
     # Per-request detail stays (input and output lengths, TTFT, latency, start and queue times:
