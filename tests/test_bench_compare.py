@@ -240,6 +240,9 @@ def test_llamacpp_markdown():
     assert rows[3] == "| 4 | TTFT p50 ms | 400.00 | 100.00 | 0.25 |"
     assert rows[1] == "| 4 | req/s | None | None | n/a |"
     assert len(rows) == len(report.SERVE_METRICS)
+    assert "Failed requests" not in llamacpp.markdown(data)
+    data["runs"] = {"llamacpp": {"4.0": [{"failed": 1}, {"failed": 0}]}, "tandem": {"4.0": [{"failed": 0}, {}]}}
+    assert "llamacpp at rate 4.0: [1, 0]; tandem at rate 4.0: [0, 0]" in llamacpp.markdown(data)
 
 
 def test_llamacpp_serves_the_chosen_gguf_under_one_name(monkeypatch, tmp_path):
@@ -270,21 +273,26 @@ def test_llamacpp_serves_the_chosen_gguf_under_one_name(monkeypatch, tmp_path):
     assert "at most 4 in flight" in llamacpp.markdown({**data, "machine": "m"})
 
 
-def test_bench_serve_passes_max_concurrency(monkeypatch, tmp_path):
+def test_bench_serve_passes_max_concurrency_and_keeps_the_errors(monkeypatch, tmp_path):
     commands = []
 
     def run(cmd, **kw):
         commands.append(cmd)
-        Path(cmd[cmd.index("--result-dir") + 1], cmd[cmd.index("--result-filename") + 1]).write_text("{}")
+        result = {"failed": 1, "errors": ["", "Traceback ... " + "x" * 600 + "UnicodeDecodeError"], "itls": [[1.0]]}
+        Path(cmd[cmd.index("--result-dir") + 1], cmd[cmd.index("--result-filename") + 1]).write_text(json.dumps(result))
 
     monkeypatch.setattr(vllm_peer.subprocess, "run", run)
     a = SimpleNamespace(num_prompts=8, ttft_ms=2000, tpot_ms=100, max_concurrency=4)
     for bound in (4, None):
         a.max_concurrency = bound
-        vllm_peer.bench_serve(a, Path("/peer"), Path("/m/M"), Path("/d.json"), 18001, float("inf"), 0,
-                              tmp_path / "r.json")
+        got = vllm_peer.bench_serve(a, Path("/peer"), Path("/m/M"), Path("/d.json"), 18001, float("inf"), 0,
+                                    tmp_path / "r.json")
+        assert got["failed"] == 1
     assert commands[0][commands[0].index("--request-rate") + 1] == "inf"
     assert commands[0][-2:] == ["--max-concurrency", "4"] and "--max-concurrency" not in commands[1]
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert list(saved["errors"]) == ["1"] and len(saved["errors"]["1"]) == 500
+    assert saved["errors"]["1"].endswith("UnicodeDecodeError") and "itls" not in saved
 
 
 def test_sample_seed_gives_each_rate_its_own_prompts():

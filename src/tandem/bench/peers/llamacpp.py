@@ -72,6 +72,12 @@ def markdown(data: dict) -> str:
     for rate, per in data["medians"].items():
         for key, label, _ in SERVE_METRICS:
             lines.append(serve_row(float(rate), label, per.get("llamacpp", {}).get(key), per.get("tandem", {}).get(key)))
+    failed = {name: {rate: [r.get("failed") or 0 for r in runs] for rate, runs in per.items()}
+              for name, per in data.get("runs", {}).items()}
+    if any(n for per in failed.values() for counts in per.values() for n in counts):
+        lines += ["", "Failed requests per seed (`vllm bench serve` counts their tokens nowhere; the raw runs' "
+                      "`errors` say why): " + "; ".join(f"{name} at rate {rate}: {counts}" for name, per in failed.items()
+                                                       for rate, counts in per.items())]
     return "\n".join(lines) + "\n"
 
 

@@ -209,11 +209,14 @@ def bench_serve(a, peer: Path, model_dir: Path, dataset: Path, port: int, rate: 
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     data = json.loads(out.read_text())
     # Per-request detail stays (input and output lengths, TTFT, latency, start and queue times:
-    # which requests make a tail); the texts and every inter-token gap are dropped (90% of the bytes).
-    for bulky in ("generated_texts", "itls", "errors"):
+    # which requests make a tail); the texts and every inter-token gap are dropped (90% of the bytes),
+    # and of the errors the failed requests' own, each cut to its last 500 characters.
+    for bulky in ("generated_texts", "itls"):
         data.pop(bulky, None)
+    data["errors"] = {i: e[-500:] for i, e in enumerate(data.get("errors") or []) if e}
     out.write_text(json.dumps(data))
-    return {k: data.get(k) for k, _, _ in SERVE_METRICS} | {"completed": data.get("completed")}
+    return {k: data.get(k) for k, _, _ in SERVE_METRICS} | {"completed": data.get("completed"),
+                                                             "failed": data.get("failed")}
 
 
 def sample_seed(seed: int, rate_index: int) -> int:
