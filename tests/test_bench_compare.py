@@ -271,6 +271,10 @@ def test_llamacpp_serves_the_chosen_gguf_under_one_name(monkeypatch, tmp_path):
     assert seen["model"] == model_dir and (data["model"], data["max_concurrency"], data["slots"]) == ("1b", 4, 4)
     assert "1b, ShareGPT" in llamacpp.markdown({**data, "machine": "m"})
     assert "at most 4 in flight" in llamacpp.markdown({**data, "machine": "m"})
+    a.model = None      # the default model: Tandem serves its converted directory, llama.cpp its GGUF
+    llamacpp.serve(a, tmp_path)
+    llama, tandem = seen["servers"]["llamacpp"][0], seen["servers"]["tandem"][0]
+    assert llama[llama.index("-m") + 1] == str(tmp_path / "default.gguf") and tandem[3] == str(model_dir)
 
 
 def test_bench_serve_passes_max_concurrency_and_keeps_the_errors(monkeypatch, tmp_path):

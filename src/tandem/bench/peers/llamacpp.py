@@ -21,7 +21,8 @@ TPOT <= --tpot-ms, medians over seeds.
   defaults stay, except sampling: a request that names no sampling parameter gets temperature 1
   and no top-k / top-p / min-p truncation, what vLLM and Tandem do with this model, instead of
   llama.cpp's own defaults (0.8, 40, 0.95, 0.05), so that all engines sample the same distribution.
-- Tandem: `tandem serve` on the same file with default flags (plus --tandem-args).
+- Tandem: `tandem serve` on the same file (the default model: the directory converted from it) with
+  default flags (plus --tandem-args).
 - `--max-concurrency N --rates inf`: a closed loop of N streams (`vllm bench serve`'s flags).
 
 One stream (`--parts one-stream`), per GGUF file of --model (`default`: the default model's own
@@ -111,8 +112,9 @@ def serve(a, raw: Path) -> dict:
     """The served part: both servers on one GGUF (--model; the default model's own file by default),
     `vllm bench serve` per rate and seed. The prompts are counted with the default model's tokenizer,
     which the shapes `tandem model dummy` writes carry."""
-    model_dir = default_model()[0]
+    model_dir, default_gguf = default_model()
     (name, gguf), = gguf_files(a.model).items()
+    mine = model_dir if gguf == default_gguf else gguf      # the default: its converted directory, as before
     binary = Path(a.llama_server).resolve()
     cores = str(os.cpu_count() or 1)
     servers = {
@@ -120,7 +122,7 @@ def serve(a, raw: Path) -> dict:
                       "--port", "18002", "-t", cores, "-tb", cores, "--parallel", str(a.slots),
                       "-c", str(2048 * a.slots), "--jinja",
                       "--temp", "1.0", "--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"], 18002, None),
-        "tandem": ([tandem_bin(), "serve", "--model", str(gguf), "--served-model-name", model_dir.name,
+        "tandem": ([tandem_bin(), "serve", "--model", str(mine), "--served-model-name", model_dir.name,
                     "--port", "18001"] + a.tandem_args.split(), 18001, None),
     }
     data = {"llama_version": llama_version(binary), "llama_cmd": servers["llamacpp"][0], "model": name,
