@@ -156,12 +156,12 @@ def compare_options(a: argparse.Namespace) -> None:
     if a.peer == "llamacpp":
         from tandem.bench.peers.llamacpp import gguf_spec
 
-        gguf_spec(a.model)
+        files = gguf_spec(a.model)
         if "serve" in parts and not a.llama_server:
             raise ValueError("--peer llamacpp needs --llama-server PATH (a llama-server binary)")
         if "one-stream" in parts and not a.llama_bench:
             raise ValueError("--parts one-stream needs --llama-bench PATH (a llama-bench binary)")
-        if "serve" in parts and len(gguf_spec(a.model)) != 1:
+        if "serve" in parts and len(files) != 1:
             raise ValueError("--model: the served part runs one GGUF file (run the parts one at a time)")
         engines = a.engines.split(",")
         if not engines or set(engines) - {"llamacpp", "tandem"}:
